@@ -1,0 +1,28 @@
+//! The pure core of Sluice.
+//!
+//! Everything here is deterministic and free of I/O: no Kafka, no HTTP, no SQL.
+//! Services decode records into these types, call the functions below and carry
+//! out the effects they return. That keeps every guarantee testable in isolation:
+//!
+//! * [`asset`] — validated [`AssetKey`]s and table formats.
+//! * [`event`] — [`AssetEvent`], the evidence, with its deterministic [`EventId`].
+//! * [`state`] — [`AssetState`] and the monotonic fold (reordering and duplicates are harmless).
+//! * [`condition`] — the dependency condition tree (ALL / ANY over per-asset predicates).
+//! * [`trigger`] — [`TriggerKey`], the exactly-once identity of a trigger.
+//! * [`job`] — the dispatch job state machine with revision compare-and-set.
+
+pub mod asset;
+pub mod condition;
+pub mod event;
+pub mod job;
+pub mod state;
+pub mod trigger;
+
+mod digest;
+
+pub use asset::{AssetKey, TableFormat};
+pub use condition::{Condition, InputCondition, Predicate};
+pub use event::{AssetEvent, EventId, EventKind, EventSource, Operation, QualityStatus};
+pub use job::{Job, JobStatus};
+pub use state::{AssetState, FoldOutcome};
+pub use trigger::{TriggerBasis, TriggerKey};
