@@ -1,0 +1,23 @@
+//! Adapters every Sluice service shares. The domain lives in `sluice-core`;
+//! this crate is where it meets Kafka, HTTP and the process.
+
+pub mod admin;
+pub mod codec;
+pub mod config;
+pub mod dlq;
+pub mod health;
+pub mod kafka;
+pub mod metrics;
+pub mod schemas;
+pub mod service;
+pub mod shutdown;
+pub mod telemetry;
+pub mod topics;
+pub mod txn;
+pub mod wire;
+
+pub use codec::{Codec, CodecError};
+pub use health::Health;
+pub use schemas::SchemaName;
+pub use shutdown::Shutdown;
+pub use topics::{Topic, TopicNames};

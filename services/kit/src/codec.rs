@@ -1,0 +1,242 @@
+//! Avro codecs for every topic value.
+//!
+//! Two wire formats, chosen by configuration:
+//!
+//! * **Confluent wire format** (`0x00 ‖ schema id: u32 BE ‖ datum`) through a schema
+//!   registry when `SLUICE_SCHEMA_REGISTRY_URL` is set. Schemas are registered under
+//!   `<topic>-value` (TopicNameStrategy) on first use.
+//! * **Avro single-object encoding** (`0xC3 0x01 ‖ CRC-64-AVRO fingerprint: 8 bytes LE ‖
+//!   datum`) otherwise: self-describing enough to refuse a record of another schema,
+//!   with no registry to run.
+//!
+//! Keys are never Avro: they are the raw UTF-8 of the asset key / dependency id /
+//! trigger key, so compaction sees one byte string per logical key (see
+//! `docs/decisions/0001-raw-utf8-keys.md`).
+//!
+//! Decoding is total: any byte string gives a value or a [`CodecError`], never a panic.
+
+use std::io::Cursor;
+
+use apache_avro::rabin::Rabin;
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::Schema;
+use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
+use schema_registry_converter::async_impl::schema_registry::SrSettings;
+use schema_registry_converter::avro_common::get_supplied_schema;
+use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::schemas::SchemaName;
+
+/// First two bytes of Avro single-object encoding.
+pub const SINGLE_OBJECT_MAGIC: [u8; 2] = [0xC3, 0x01];
+/// Largest single allocation a decode may make (a record, an array, a string).
+pub const MAX_ALLOCATION_BYTES: usize = 16 * 1024 * 1024;
+/// Magic byte of the Confluent wire format.
+pub const CONFLUENT_MAGIC: u8 = 0x00;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("empty payload")]
+    Empty,
+    #[error("payload of {len} byte(s) is shorter than the {need}-byte header")]
+    Truncated { len: usize, need: usize },
+    #[error("wrong magic byte(s) {found:02x?}; expected {expected:02x?}")]
+    WrongMagic { found: Vec<u8>, expected: Vec<u8> },
+    #[error("record was written with schema fingerprint {found}, not {expected} ({schema})")]
+    UnknownFingerprint {
+        found: String,
+        expected: String,
+        schema: &'static str,
+    },
+    #[error("payload does not decode as {schema}: {message}")]
+    Datum { schema: &'static str, message: String },
+    #[error("{trailing} byte(s) left over after a complete {schema} record")]
+    Trailing { schema: &'static str, trailing: usize },
+    #[error("decoded {schema} does not map to the expected type: {message}")]
+    Shape { schema: &'static str, message: String },
+    #[error("value does not fit schema {schema}: {message}")]
+    Encode { schema: &'static str, message: String },
+    #[error("schema registry: {message}")]
+    Registry { message: String, retriable: bool },
+}
+
+impl CodecError {
+    /// True when the same bytes may decode later (a registry outage), false for bad bytes.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, CodecError::Registry { retriable: true, .. })
+    }
+}
+
+/// Encodes and decodes topic values.
+pub enum Codec {
+    SingleObject,
+    Registry(Box<Registry>),
+}
+
+pub struct Registry {
+    encoder: AvroEncoder,
+    decoder: AvroDecoder,
+}
+
+impl Codec {
+    /// The registry codec when a URL is given, single-object encoding otherwise.
+    pub fn new(registry_url: Option<&str>) -> Codec {
+        // A corrupt length prefix must not make the decoder allocate gigabytes.
+        apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
+        match registry_url {
+            Some(url) => {
+                let settings = SrSettings::new(url.trim_end_matches('/').to_owned());
+                Codec::Registry(Box::new(Registry {
+                    encoder: AvroEncoder::new(settings.clone()),
+                    decoder: AvroDecoder::new(settings),
+                }))
+            }
+            None => Codec::SingleObject,
+        }
+    }
+
+    pub async fn encode<T: Serialize>(&self, name: SchemaName, topic: &str, value: &T) -> Result<Vec<u8>, CodecError> {
+        let avro = to_avro(name, value)?;
+        match self {
+            Codec::SingleObject => encode_single_object(name, avro),
+            Codec::Registry(r) => {
+                let strategy = SubjectNameStrategy::TopicNameStrategyWithSchema(
+                    topic.to_owned(),
+                    false,
+                    get_supplied_schema(name.schema()),
+                );
+                r.encoder.encode_value(avro, &strategy).await.map_err(registry_error)
+            }
+        }
+    }
+
+    pub async fn decode<T: DeserializeOwned>(&self, name: SchemaName, bytes: &[u8]) -> Result<T, CodecError> {
+        let value = match self {
+            Codec::SingleObject => decode_single_object(name, bytes)?,
+            Codec::Registry(r) => {
+                check_confluent_header(bytes)?;
+                let decoded = r.decoder.decode(Some(bytes)).await.map_err(registry_error)?;
+                // The writer schema came from the registry; resolve it into ours so a
+                // record of another schema is refused instead of half-read.
+                decoded.value.resolve(name.schema()).map_err(|e| CodecError::Shape {
+                    schema: name.file_stem(),
+                    message: e.to_string(),
+                })?
+            }
+        };
+        from_avro(name, &value)
+    }
+}
+
+fn registry_error(e: schema_registry_converter::error::SRCError) -> CodecError {
+    CodecError::Registry {
+        retriable: e.retriable,
+        message: e.to_string(),
+    }
+}
+
+fn check_confluent_header(bytes: &[u8]) -> Result<(), CodecError> {
+    match bytes {
+        [] => Err(CodecError::Empty),
+        [m, ..] if *m != CONFLUENT_MAGIC => Err(CodecError::WrongMagic {
+            found: vec![*m],
+            expected: vec![CONFLUENT_MAGIC],
+        }),
+        b if b.len() < 5 => Err(CodecError::Truncated { len: b.len(), need: 5 }),
+        _ => Ok(()),
+    }
+}
+
+/// The 8-byte little-endian CRC-64-AVRO fingerprint of a schema's canonical form.
+pub fn fingerprint(name: SchemaName) -> [u8; 8] {
+    let fp = name.schema().fingerprint::<Rabin>();
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&fp.bytes[..8]);
+    out
+}
+
+pub fn to_avro<T: Serialize>(name: SchemaName, value: &T) -> Result<Value, CodecError> {
+    let encode_err = |e: apache_avro::Error| CodecError::Encode {
+        schema: name.file_stem(),
+        message: e.to_string(),
+    };
+    apache_avro::to_value(value)
+        .map_err(encode_err)?
+        .resolve(name.schema())
+        .map_err(encode_err)
+}
+
+pub fn from_avro<T: DeserializeOwned>(name: SchemaName, value: &Value) -> Result<T, CodecError> {
+    apache_avro::from_value(value).map_err(|e| CodecError::Shape {
+        schema: name.file_stem(),
+        message: e.to_string(),
+    })
+}
+
+pub fn encode_datum(schema: &Schema, value: Value, stem: &'static str) -> Result<Vec<u8>, CodecError> {
+    let err = |e: apache_avro::Error| CodecError::Encode {
+        schema: stem,
+        message: e.to_string(),
+    };
+    GenericDatumWriter::builder(schema)
+        .build()
+        .map_err(err)?
+        .write_value_to_vec(value)
+        .map_err(err)
+}
+
+pub fn decode_datum(schema: &Schema, bytes: &[u8], stem: &'static str) -> Result<Value, CodecError> {
+    let err = |e: apache_avro::Error| CodecError::Datum {
+        schema: stem,
+        message: e.to_string(),
+    };
+    let mut cursor = Cursor::new(bytes);
+    let value = GenericDatumReader::builder(schema).build().map_err(err)?.read_value(&mut cursor).map_err(err)?;
+    let trailing = bytes.len() - usize::try_from(cursor.position()).unwrap_or(bytes.len());
+    if trailing > 0 {
+        return Err(CodecError::Trailing { schema: stem, trailing });
+    }
+    Ok(value)
+}
+
+fn encode_single_object(name: SchemaName, value: Value) -> Result<Vec<u8>, CodecError> {
+    let datum = encode_datum(name.schema(), value, name.file_stem())?;
+    let mut out = Vec::with_capacity(10 + datum.len());
+    out.extend_from_slice(&SINGLE_OBJECT_MAGIC);
+    out.extend_from_slice(&fingerprint(name));
+    out.extend_from_slice(&datum);
+    Ok(out)
+}
+
+fn decode_single_object(name: SchemaName, bytes: &[u8]) -> Result<Value, CodecError> {
+    if bytes.is_empty() {
+        return Err(CodecError::Empty);
+    }
+    let magic = &bytes[..bytes.len().min(2)];
+    if magic != &SINGLE_OBJECT_MAGIC[..magic.len()] {
+        return Err(CodecError::WrongMagic {
+            found: magic.to_vec(),
+            expected: SINGLE_OBJECT_MAGIC.to_vec(),
+        });
+    }
+    if bytes.len() < 10 {
+        return Err(CodecError::Truncated { len: bytes.len(), need: 10 });
+    }
+    let expected = fingerprint(name);
+    if bytes[2..10] != expected {
+        return Err(CodecError::UnknownFingerprint {
+            found: hex(&bytes[2..10]),
+            expected: hex(&expected),
+            schema: name.file_stem(),
+        });
+    }
+    decode_datum(name.schema(), &bytes[10..], name.file_stem())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,56 @@
+//! Dead letters: a record that cannot be processed is kept, with where it came from.
+//!
+//! The dead-letter record keeps the original key and payload byte for byte and adds
+//! headers `sluice.dlq.topic`, `sluice.dlq.partition`, `sluice.dlq.offset`,
+//! `sluice.dlq.error` and `sluice.dlq.service` (plus the original headers).
+
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+
+use crate::txn::Output;
+
+pub const HEADER_TOPIC: &str = "sluice.dlq.topic";
+pub const HEADER_PARTITION: &str = "sluice.dlq.partition";
+pub const HEADER_OFFSET: &str = "sluice.dlq.offset";
+pub const HEADER_ERROR: &str = "sluice.dlq.error";
+pub const HEADER_SOURCE: &str = "sluice.dlq.source";
+
+/// The dead-letter record of a consumed Kafka record.
+pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> Output {
+    let mut headers: Vec<(String, Vec<u8>)> = msg
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|x| (x.key.to_owned(), x.value.unwrap_or_default().to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    headers.extend(origin_headers(msg.topic(), msg.partition(), msg.offset(), error));
+    Output {
+        topic: dlq_topic.to_owned(),
+        key: msg.key().unwrap_or_default().to_vec(),
+        payload: Some(msg.payload().unwrap_or_default().to_vec()),
+        headers,
+    }
+}
+
+/// Origin headers for a record that did not come from Kafka (HTTP, a poller): `source`
+/// names the entry point, partition and offset are -1.
+pub fn dead_letter_from(dlq_topic: &str, source: &str, key: &[u8], payload: &[u8], error: &str) -> Output {
+    let mut headers = origin_headers(source, -1, -1, error);
+    headers.push((HEADER_SOURCE.to_owned(), source.as_bytes().to_vec()));
+    Output {
+        topic: dlq_topic.to_owned(),
+        key: key.to_vec(),
+        payload: Some(payload.to_vec()),
+        headers,
+    }
+}
+
+fn origin_headers(topic: &str, partition: i32, offset: i64, error: &str) -> Vec<(String, Vec<u8>)> {
+    vec![
+        (HEADER_TOPIC.to_owned(), topic.as_bytes().to_vec()),
+        (HEADER_PARTITION.to_owned(), partition.to_string().into_bytes()),
+        (HEADER_OFFSET.to_owned(), offset.to_string().into_bytes()),
+        (HEADER_ERROR.to_owned(), error.as_bytes().to_vec()),
+    ]
+}

@@ -1,0 +1,151 @@
+//! The one factory for Kafka clients, with Sluice's defaults made explicit.
+//!
+//! Raw librdkafka settings pass through from `SLUICE_RDKAFKA_<NAME>` (`_` → `.`,
+//! `__` → `_`), e.g. `SLUICE_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL`; they override
+//! the defaults below.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::error::KafkaError;
+
+use crate::config::Env;
+
+#[derive(Clone, Debug)]
+pub struct KafkaOptions {
+    pub bootstrap: String,
+    /// librdkafka properties from the environment, already mapped to dotted names.
+    pub raw: BTreeMap<String, String>,
+    /// Timeout of blocking client calls (init / commit transaction, metadata).
+    pub request_timeout: Duration,
+}
+
+impl KafkaOptions {
+    pub fn read(env: &mut Env) -> Self {
+        let raw = env
+            .with_prefix("SLUICE_RDKAFKA_")
+            .into_iter()
+            .map(|(k, v)| (rdkafka_name(&k), v))
+            .collect();
+        KafkaOptions {
+            bootstrap: env.string("SLUICE_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
+            raw,
+            request_timeout: env.millis("SLUICE_KAFKA_REQUEST_TIMEOUT_MS", Duration::from_secs(30)),
+        }
+    }
+
+    /// For tests and tools: just a bootstrap address.
+    pub fn local(bootstrap: &str) -> Self {
+        KafkaOptions {
+            bootstrap: bootstrap.to_owned(),
+            raw: BTreeMap::new(),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn base(&self, client_id: &str) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap)
+            .set("client.id", client_id)
+            .set("socket.keepalive.enable", "true")
+            // Reconnect quickly after a broker restart, back off to 10 s.
+            .set("reconnect.backoff.ms", "100")
+            .set("reconnect.backoff.max.ms", "10000");
+        c
+    }
+
+    fn finish(&self, mut c: ClientConfig) -> ClientConfig {
+        for (k, v) in &self.raw {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// An idempotent producer: acks=all, no duplicates on retry, order kept per partition.
+    pub fn producer_config(&self, client_id: &str) -> ClientConfig {
+        let mut c = self.base(client_id);
+        c.set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "120000")
+            .set("compression.type", "none");
+        self.finish(c)
+    }
+
+    /// A transactional producer. `transactional_id` must be stable per input
+    /// partition set / instance, so a restarted instance fences its zombie.
+    pub fn transactional_producer_config(&self, client_id: &str, transactional_id: &str) -> ClientConfig {
+        let mut c = self.producer_config(client_id);
+        c.set("transactional.id", transactional_id)
+            .set("transaction.timeout.ms", "60000");
+        self.finish(c)
+    }
+
+    /// A consumer that sees only committed data and never commits on its own.
+    pub fn consumer_config(&self, client_id: &str, group_id: &str) -> ClientConfig {
+        let mut c = self.base(client_id);
+        c.set("group.id", group_id)
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", "15000")
+            .set("heartbeat.interval.ms", "1000")
+            .set("max.poll.interval.ms", "300000");
+        self.finish(c)
+    }
+
+    /// A consumer with no group, for reading a topic as a table (restore, global state).
+    pub fn reader_config(&self, client_id: &str) -> ClientConfig {
+        let mut c = self.base(client_id);
+        c.set("group.id", format!("{client_id}-reader"))
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest");
+        self.finish(c)
+    }
+
+    pub fn admin(&self, client_id: &str) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
+        AdminClient::from_config_and_context(&self.finish(self.base(client_id)), DefaultClientContext)
+    }
+}
+
+/// `SECURITY_PROTOCOL` → `security.protocol`; `__` keeps an underscore.
+fn rdkafka_name(env_suffix: &str) -> String {
+    env_suffix
+        .to_ascii_lowercase()
+        .replace("__", "\u{0}")
+        .replace('_', ".")
+        .replace('\u{0}', "_")
+}
+
+/// True for settings whose values must never be logged.
+pub fn is_secret_setting(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("password") || n.contains("secret") || n.contains("token")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_settings_pass_through_and_win() {
+        let mut env = Env::from_map([
+            ("SLUICE_RDKAFKA_SESSION_TIMEOUT_MS", "6000"),
+            ("SLUICE_RDKAFKA_SASL_OAUTHBEARER_CLIENT__ID", "x"),
+        ]);
+        let k = KafkaOptions::read(&mut env);
+        let c = k.consumer_config("c", "g");
+        assert_eq!(c.get("session.timeout.ms"), Some("6000"));
+        assert_eq!(c.get("sasl.oauthbearer.client_id"), Some("x"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        assert!(is_secret_setting("sasl.password"));
+    }
+}

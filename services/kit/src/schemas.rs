@@ -1,0 +1,68 @@
+//! The Avro schemas of `schemas/`, compiled in so a service can never run with
+//! a schema file other than the one its code was tested against.
+
+use std::sync::OnceLock;
+
+use apache_avro::Schema;
+
+/// Every value schema, by the topic role it describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SchemaName {
+    AssetEvent,
+    AssetState,
+    DependencySpec,
+    ResolverProgress,
+    TriggerRequest,
+    RunStatus,
+}
+
+impl SchemaName {
+    pub const ALL: [SchemaName; 6] = [
+        SchemaName::AssetEvent,
+        SchemaName::AssetState,
+        SchemaName::DependencySpec,
+        SchemaName::ResolverProgress,
+        SchemaName::TriggerRequest,
+        SchemaName::RunStatus,
+    ];
+
+    /// The file under `schemas/` (and `schemas/examples/` with `.json`).
+    pub fn file_stem(self) -> &'static str {
+        match self {
+            SchemaName::AssetEvent => "asset-event",
+            SchemaName::AssetState => "asset-state",
+            SchemaName::DependencySpec => "dependency-spec",
+            SchemaName::ResolverProgress => "resolver-progress",
+            SchemaName::TriggerRequest => "trigger-request",
+            SchemaName::RunStatus => "run-status",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            SchemaName::AssetEvent => include_str!("../../../schemas/asset-event.avsc"),
+            SchemaName::AssetState => include_str!("../../../schemas/asset-state.avsc"),
+            SchemaName::DependencySpec => include_str!("../../../schemas/dependency-spec.avsc"),
+            SchemaName::ResolverProgress => include_str!("../../../schemas/resolver-progress.avsc"),
+            SchemaName::TriggerRequest => include_str!("../../../schemas/trigger-request.avsc"),
+            SchemaName::RunStatus => include_str!("../../../schemas/run-status.avsc"),
+        }
+    }
+
+    /// The parsed schema. The files are part of the build and covered by tests, so a
+    /// parse failure is a bug in this repository, not bad input: it panics at start.
+    pub fn schema(self) -> &'static Schema {
+        static PARSED: OnceLock<Vec<Schema>> = OnceLock::new();
+        let all = PARSED.get_or_init(|| {
+            SchemaName::ALL
+                .iter()
+                .map(|n| {
+                    Schema::parse_str(n.source())
+                        .unwrap_or_else(|e| panic!("schemas/{}.avsc does not parse: {e}", n.file_stem()))
+                })
+                .collect()
+        });
+        let i = SchemaName::ALL.iter().position(|n| *n == self).unwrap_or_default();
+        &all[i]
+    }
+}

@@ -1,0 +1,177 @@
+//! The topics of DESIGN.md: names, partition counts, configs, and their bootstrap.
+//!
+//! Bootstrap creates what is missing and checks what exists: a topic Sluice needs
+//! compacted that is found with another cleanup policy is a start-up error, because
+//! a deleted state record would silently lose an asset's truth.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+
+use crate::config::Env;
+
+/// Roles of the topics; the name is `<prefix><role>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Topic {
+    AssetEvents,
+    AssetState,
+    Dependencies,
+    ResolverProgress,
+    Triggers,
+    Runs,
+    DeadLetter,
+}
+
+impl Topic {
+    pub const ALL: [Topic; 7] = [
+        Topic::AssetEvents,
+        Topic::AssetState,
+        Topic::Dependencies,
+        Topic::ResolverProgress,
+        Topic::Triggers,
+        Topic::Runs,
+        Topic::DeadLetter,
+    ];
+
+    pub fn role(self) -> &'static str {
+        match self {
+            Topic::AssetEvents => "asset-events",
+            Topic::AssetState => "asset-state",
+            Topic::Dependencies => "dependencies",
+            Topic::ResolverProgress => "resolver-progress",
+            Topic::Triggers => "triggers",
+            Topic::Runs => "runs",
+            Topic::DeadLetter => "dead-letter",
+        }
+    }
+
+    pub fn compacted(self) -> bool {
+        matches!(
+            self,
+            Topic::AssetState | Topic::Dependencies | Topic::ResolverProgress | Topic::Runs
+        )
+    }
+
+    /// Topic-level configs beyond the cleanup policy.
+    fn configs(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            // The evidence log: kept a long time (90 days) for audit and replay.
+            Topic::AssetEvents => vec![("retention.ms", "7776000000")],
+            Topic::Triggers => vec![("retention.ms", "1209600000")],
+            Topic::DeadLetter => vec![("retention.ms", "2592000000")],
+            // Compacted tables: compact promptly, keep tombstones a day for readers.
+            _ => vec![
+                ("min.cleanable.dirty.ratio", "0.1"),
+                ("segment.ms", "3600000"),
+                ("delete.retention.ms", "86400000"),
+            ],
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TopicNames {
+    pub prefix: String,
+    pub partitions: i32,
+    /// -1: the broker's `default.replication.factor`.
+    pub replication_factor: i32,
+}
+
+impl TopicNames {
+    pub fn read(env: &mut Env) -> Self {
+        let t = TopicNames {
+            prefix: env.string("SLUICE_TOPIC_PREFIX", "sluice."),
+            partitions: env.parse("SLUICE_TOPIC_PARTITIONS", 12),
+            replication_factor: env.parse("SLUICE_TOPIC_REPLICATION_FACTOR", -1),
+        };
+        if t.partitions < 1 {
+            env.problem(format!("SLUICE_TOPIC_PARTITIONS={} must be at least 1", t.partitions));
+        }
+        if t.replication_factor == 0 || t.replication_factor < -1 {
+            env.problem(format!(
+                "SLUICE_TOPIC_REPLICATION_FACTOR={} must be -1 (broker default) or at least 1",
+                t.replication_factor
+            ));
+        }
+        t
+    }
+
+    pub fn with_prefix(prefix: &str, partitions: i32) -> Self {
+        TopicNames {
+            prefix: prefix.to_owned(),
+            partitions,
+            replication_factor: -1,
+        }
+    }
+
+    pub fn name(&self, t: Topic) -> String {
+        format!("{}{}", self.prefix, t.role())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("topic {topic} must be compacted (cleanup.policy contains \"compact\") but has cleanup.policy={found:?}; fix it with kafka-configs --alter --add-config cleanup.policy=compact")]
+    NotCompacted { topic: String, found: String },
+    #[error("creating topic {topic}: {message}")]
+    Create { topic: String, message: String },
+    #[error("describing topic {topic}: {message}")]
+    Describe { topic: String, message: String },
+    #[error("kafka admin: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+/// Creates the missing topics of `which` and checks every one of them.
+pub async fn bootstrap(
+    admin: &AdminClient<DefaultClientContext>,
+    names: &TopicNames,
+    which: &[Topic],
+    timeout: Duration,
+) -> Result<(), BootstrapError> {
+    let opts = AdminOptions::new().operation_timeout(Some(timeout)).request_timeout(Some(timeout));
+    let specs: Vec<(String, Vec<(&str, &str)>)> = which
+        .iter()
+        .map(|t| {
+            let mut cfg = t.configs();
+            cfg.push(("cleanup.policy", if t.compacted() { "compact" } else { "delete" }));
+            (names.name(*t), cfg)
+        })
+        .collect();
+    let new_topics: Vec<NewTopic<'_>> = specs
+        .iter()
+        .map(|(name, cfg)| {
+            let mut nt = NewTopic::new(name, names.partitions, TopicReplication::Fixed(names.replication_factor));
+            for (k, v) in cfg {
+                nt = nt.set(k, v);
+            }
+            nt
+        })
+        .collect();
+    for result in admin.create_topics(&new_topics, &opts).await? {
+        match result {
+            Ok(topic) => tracing::info!(topic = %topic, "created topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(BootstrapError::Create {
+                    topic,
+                    message: code.to_string(),
+                });
+            }
+        }
+    }
+    let resources: Vec<ResourceSpecifier<'_>> = specs.iter().map(|(n, _)| ResourceSpecifier::Topic(n)).collect();
+    for (t, described) in which.iter().zip(admin.describe_configs(&resources, &opts).await?) {
+        let topic = names.name(*t);
+        let described = described.map_err(|code| BootstrapError::Describe {
+            topic: topic.clone(),
+            message: code.to_string(),
+        })?;
+        let policy = described.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default();
+        if t.compacted() && !policy.split(',').any(|p| p.trim() == "compact") {
+            return Err(BootstrapError::NotCompacted { topic, found: policy });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,488 @@
+//! The transactional consume-transform-produce loop every Kafka-to-Kafka service runs.
+//!
+//! One Kafka transaction covers many input records: their outputs, their dead
+//! letters and their consumer offsets commit together or not at all, so a crash at
+//! any point replays exactly the uncommitted records and `read_committed` readers
+//! never see a half-done batch.
+//!
+//! * Records are pulled until `max_records` or `max_batch_time`, then the batch commits.
+//! * Abortable errors abort, rewind the consumer to the committed offsets and tell the
+//!   processor to drop uncommitted changes; fatal errors end the loop with an error.
+//! * On revoke the open transaction commits inside the rebalance callback, before
+//!   the partitions move (drain on rebalance); the processor then drops their state.
+//! * A record the processor calls poison goes to the dead-letter topic, inside the
+//!   same transaction, with its origin in headers: nothing is dropped, nothing stops.
+//!
+//! The loop is blocking (librdkafka's transactional calls block); run it on a
+//! dedicated thread (`tokio::task::spawn_blocking`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::dlq;
+use crate::health::Health;
+use crate::metrics as m;
+
+/// One consumed record as a processor sees it.
+pub struct Input<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+    pub timestamp_ms: Option<i64>,
+    pub headers: Vec<(&'a str, &'a [u8])>,
+}
+
+/// A record to produce in the current transaction. `payload: None` is a tombstone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Output {
+    pub topic: String,
+    pub key: Vec<u8>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// This record can never be processed: dead-letter it and go on.
+    #[error("poison record: {0}")]
+    Poison(String),
+    /// An outage (a registry, a database): abort the batch and retry it after a backoff.
+    #[error("retriable: {0}")]
+    Retriable(String),
+    /// A bug or a broken invariant: stop the service.
+    #[error("fatal: {0}")]
+    Fatal(String),
+}
+
+/// The service-specific part of the loop.
+pub trait Processor: Send {
+    fn process(&mut self, input: &Input<'_>) -> Result<Vec<Output>, ProcessError>;
+    /// Partitions were assigned; restore their state before their first record.
+    fn assigned(&mut self, _partitions: &[(String, i32)]) -> Result<(), ProcessError> {
+        Ok(())
+    }
+    /// Partitions were revoked (after their open transaction was committed or aborted).
+    fn revoked(&mut self, _partitions: &[(String, i32)]) {}
+    /// The changes made since the last commit are now durable.
+    fn committed(&mut self) {}
+    /// The changes made since the last commit were aborted: forget them.
+    fn aborted(&mut self) {}
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub group_id: String,
+    pub input_topics: Vec<String>,
+    pub dead_letter_topic: String,
+    pub max_records: usize,
+    pub max_batch_time: Duration,
+    pub request_timeout: Duration,
+    /// Backoff after a retriable error, doubled up to 32× while errors repeat.
+    pub retry_backoff: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("processor: {0}")]
+    Fatal(String),
+    #[error("consumer has no group metadata (not in a group)")]
+    NoGroupMetadata,
+}
+
+/// What happened inside a rebalance callback, for the loop to act on afterwards.
+enum Event {
+    Assigned(Vec<(String, i32)>),
+    Revoked(Vec<(String, i32)>),
+    Committed,
+    Aborted,
+    Fatal(String),
+}
+
+/// The open transaction, shared with the rebalance callback so it can commit it.
+struct Open {
+    producer: Arc<BaseProducer>,
+    timeout: Duration,
+    /// Next offsets to commit, per (topic, partition); `None` when no transaction is open.
+    offsets: Option<TopicPartitionList>,
+    events: Vec<Event>,
+}
+
+pub struct LoopContext {
+    open: Mutex<Option<Open>>,
+}
+
+impl ClientContext for LoopContext {}
+
+impl ConsumerContext for LoopContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Ok(mut guard) = self.open.lock() else { return };
+        let Some(open) = guard.as_mut() else { return };
+        if let Rebalance::Revoke(tpl) = rebalance {
+            if let Some(offsets) = open.offsets.take() {
+                // Drain: commit what was processed before the partitions move on.
+                let outcome = consumer
+                    .group_metadata()
+                    .ok_or(KafkaError::Subscription("no group metadata".into()))
+                    .and_then(|cgm| open.producer.send_offsets_to_transaction(&offsets, &cgm, open.timeout))
+                    .and_then(|()| open.producer.commit_transaction(open.timeout));
+                let event = match outcome {
+                    Ok(()) => Event::Committed,
+                    Err(e) => match abort(&open.producer, open.timeout, &e) {
+                        Ok(()) => Event::Aborted,
+                        Err(fatal) => Event::Fatal(fatal),
+                    },
+                };
+                open.events.push(event);
+            }
+            open.events.push(Event::Revoked(partitions(tpl)));
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Ok(mut guard) = self.open.lock() else { return };
+        let Some(open) = guard.as_mut() else { return };
+        if let Rebalance::Assign(tpl) = rebalance {
+            open.events.push(Event::Assigned(partitions(tpl)));
+        }
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
+}
+
+/// Aborts after `cause`; a fatal cause or a failed abort is returned as fatal.
+fn abort(producer: &BaseProducer, timeout: Duration, cause: &KafkaError) -> Result<(), String> {
+    if let KafkaError::Transaction(e) = cause {
+        if e.is_fatal() {
+            return Err(format!("fatal transaction error: {cause}"));
+        }
+    }
+    producer
+        .abort_transaction(timeout)
+        .map_err(|e| format!("abort after {cause} failed: {e}"))
+}
+
+/// A consumer and a transactional producer wired together.
+pub struct TxnLoop<P: Processor> {
+    consumer: BaseConsumer<LoopContext>,
+    producer: Arc<BaseProducer>,
+    processor: P,
+    options: Options,
+    health: Health,
+    stop: Arc<AtomicBool>,
+}
+
+impl<P: Processor> TxnLoop<P> {
+    /// Builds the clients; `consumer_config` and `producer_config` come from the
+    /// factory in [`crate::kafka`].
+    pub fn new(
+        consumer_config: &rdkafka::ClientConfig,
+        producer_config: &rdkafka::ClientConfig,
+        processor: P,
+        options: Options,
+        health: Health,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Self, Error> {
+        let producer: Arc<BaseProducer> = Arc::new(producer_config.create()?);
+        producer.init_transactions(options.request_timeout)?;
+        let ctx = LoopContext {
+            open: Mutex::new(Some(Open {
+                producer: producer.clone(),
+                timeout: options.request_timeout,
+                offsets: None,
+                events: Vec::new(),
+            })),
+        };
+        let consumer: BaseConsumer<LoopContext> = consumer_config.create_with_context(ctx)?;
+        let topics: Vec<&str> = options.input_topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        Ok(TxnLoop {
+            consumer,
+            producer,
+            processor,
+            options,
+            health,
+            stop,
+        })
+    }
+
+    pub fn processor(&self) -> &P {
+        &self.processor
+    }
+
+    /// Runs until `stop` is set (then commits and returns) or a fatal error.
+    pub fn run(mut self) -> Result<P, Error> {
+        let mut backoff = self.options.retry_backoff;
+        tracing::info!(group = %self.options.group_id, topics = ?self.options.input_topics, "transactional loop started");
+        while !self.stop.load(Ordering::Relaxed) {
+            match self.batch() {
+                Ok(()) => backoff = self.options.retry_backoff,
+                Err(BatchError::Retry(why)) => {
+                    tracing::warn!(error = %why, backoff_ms = backoff.as_millis() as u64, "batch aborted; retrying");
+                    metrics::counter!(m::TXN_ABORTED_TOTAL).increment(1);
+                    rewind(&self.consumer, self.options.request_timeout)?;
+                    self.wait(backoff);
+                    backoff = (backoff * 2).min(self.options.retry_backoff * 32);
+                }
+                Err(BatchError::Fatal(e)) => {
+                    self.health.set_ready(false);
+                    return Err(e);
+                }
+            }
+        }
+        tracing::info!("transactional loop stopping: last batch committed");
+        self.consumer.unsubscribe();
+        Ok(self.processor)
+    }
+
+    fn wait(&self, d: Duration) {
+        // Keep serving the group (heartbeats come from librdkafka's thread; this only
+        // keeps rebalance callbacks timely) while backing off.
+        let until = Instant::now() + d;
+        while Instant::now() < until && !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50).min(d));
+        }
+    }
+
+    fn set_open_offsets(&self, offsets: Option<TopicPartitionList>) {
+        let mut guard = self.consumer.context().open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = guard.as_mut() {
+            o.offsets = offsets;
+        }
+    }
+
+    fn open_offsets_taken(&self) -> bool {
+        let guard = self.consumer.context().open.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref().is_none_or(|o| o.offsets.is_none())
+    }
+
+    fn batch(&mut self) -> Result<(), BatchError> {
+        let started = Instant::now();
+        let mut offsets = TopicPartitionList::new();
+        let mut open = false;
+        let mut records = 0usize;
+        while records < self.options.max_records && started.elapsed() < self.options.max_batch_time {
+            self.health.beat();
+            let polled = self.consumer.poll(Duration::from_millis(50));
+            if handle_events(&self.consumer, &mut self.processor, self.options.request_timeout)? && open {
+                // The rebalance committed (or aborted and rewound) our transaction.
+                return Ok(());
+            }
+            let msg = match polled {
+                None => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    continue;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "consumer error");
+                    continue;
+                }
+                Some(Ok(msg)) => msg,
+            };
+            if !open {
+                self.producer.begin_transaction().map_err(classify)?;
+                open = true;
+            }
+            let outputs = match self.processor.process(&input(&msg)) {
+                Ok(outs) => outs,
+                Err(ProcessError::Poison(reason)) => {
+                    metrics::counter!(m::DEAD_LETTERS_TOTAL, "topic" => msg.topic().to_owned()).increment(1);
+                    tracing::warn!(
+                        topic = msg.topic(),
+                        partition = msg.partition(),
+                        offset = msg.offset(),
+                        error = %reason,
+                        "record dead-lettered"
+                    );
+                    vec![dlq::dead_letter(&self.options.dead_letter_topic, &msg, &reason)]
+                }
+                Err(ProcessError::Retriable(why)) => {
+                    abort_open(&self.producer, &mut self.processor, self.consumer.context(), self.options.request_timeout)?;
+                    return Err(BatchError::Retry(why));
+                }
+                Err(ProcessError::Fatal(why)) => {
+                    let _ = abort_open(&self.producer, &mut self.processor, self.consumer.context(), self.options.request_timeout);
+                    return Err(BatchError::Fatal(Error::Fatal(why)));
+                }
+            };
+            for out in &outputs {
+                self.send(out)?;
+            }
+            offsets
+                .add_partition_offset(msg.topic(), msg.partition(), Offset::Offset(msg.offset() + 1))
+                .map_err(|e| BatchError::Fatal(e.into()))?;
+            self.set_open_offsets(Some(offsets.clone()));
+            records += 1;
+            metrics::counter!(m::RECORDS_PROCESSED_TOTAL, "topic" => msg.topic().to_owned()).increment(1);
+        }
+        if !open {
+            return Ok(());
+        }
+        if self.open_offsets_taken() {
+            return Ok(());
+        }
+        self.set_open_offsets(None);
+        let result = self
+            .consumer
+            .group_metadata()
+            .ok_or(KafkaError::Subscription("no group metadata".into()))
+            .and_then(|cgm| {
+                self.producer
+                    .send_offsets_to_transaction(&offsets, &cgm, self.options.request_timeout)
+            })
+            .and_then(|()| self.producer.commit_transaction(self.options.request_timeout));
+        match result {
+            Ok(()) => {
+                metrics::counter!(m::TXN_COMMITTED_TOTAL).increment(1);
+                metrics::histogram!(m::TXN_RECORDS).record(records as f64);
+                self.processor.committed();
+                Ok(())
+            }
+            Err(e) => {
+                abort(&self.producer, self.options.request_timeout, &e)
+                    .map_err(|f| BatchError::Fatal(Error::Fatal(f)))?;
+                self.processor.aborted();
+                Err(BatchError::Retry(format!("commit failed: {e}")))
+            }
+        }
+    }
+
+    fn send(&self, out: &Output) -> Result<(), BatchError> {
+        let mut headers = OwnedHeaders::new();
+        for (k, v) in &out.headers {
+            headers = headers.insert(Header { key: k, value: Some(v) });
+        }
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic).key(&out.key[..]).headers(headers);
+        if let Some(p) = &out.payload {
+            record = record.payload(&p[..]);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    // Backpressure: let the queue drain, then try again.
+                    self.producer.poll(Duration::from_millis(100));
+                    record = r;
+                }
+                Err((e, _)) => return Err(classify(e)),
+            }
+        }
+    }
+
+}
+
+/// Acts on rebalance events. Returns true if the open transaction was closed by them.
+fn handle_events<P: Processor>(
+    consumer: &BaseConsumer<LoopContext>,
+    processor: &mut P,
+    timeout: Duration,
+) -> Result<bool, BatchError> {
+    let events = {
+        let mut guard = consumer.context().open.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_mut().map(|o| std::mem::take(&mut o.events)).unwrap_or_default()
+    };
+    let mut closed = false;
+    for ev in events {
+        match ev {
+            Event::Committed => {
+                closed = true;
+                metrics::counter!(m::TXN_COMMITTED_TOTAL).increment(1);
+                processor.committed();
+            }
+            Event::Aborted => {
+                closed = true;
+                metrics::counter!(m::TXN_ABORTED_TOTAL).increment(1);
+                processor.aborted();
+                // Still-owned partitions must re-read what the aborted batch held.
+                rewind(consumer, timeout).map_err(BatchError::Fatal)?;
+            }
+            Event::Fatal(why) => return Err(BatchError::Fatal(Error::Fatal(why))),
+            Event::Revoked(parts) => {
+                tracing::info!(partitions = ?parts, "partitions revoked");
+                processor.revoked(&parts);
+            }
+            Event::Assigned(parts) => {
+                tracing::info!(partitions = ?parts, "partitions assigned");
+                processor.assigned(&parts).map_err(|e| match e {
+                    ProcessError::Fatal(s) => BatchError::Fatal(Error::Fatal(s)),
+                    other => BatchError::Retry(other.to_string()),
+                })?;
+            }
+        }
+    }
+    Ok(closed)
+}
+
+/// Seeks every assigned partition back to its committed offset.
+fn rewind(consumer: &BaseConsumer<LoopContext>, timeout: Duration) -> Result<(), Error> {
+    let assignment = consumer.assignment()?;
+    if assignment.count() == 0 {
+        return Ok(());
+    }
+    let committed = consumer.committed_offsets(assignment, timeout)?;
+    for e in committed.elements() {
+        let to = match e.offset() {
+            Offset::Offset(o) => Offset::Offset(o),
+            _ => Offset::Beginning,
+        };
+        consumer.seek(e.topic(), e.partition(), to, timeout)?;
+    }
+    Ok(())
+}
+
+/// Aborts the open transaction after a processor error.
+fn abort_open<P: Processor>(
+    producer: &BaseProducer,
+    processor: &mut P,
+    ctx: &LoopContext,
+    timeout: Duration,
+) -> Result<(), BatchError> {
+    if let Some(o) = ctx.open.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        o.offsets = None;
+    }
+    producer.abort_transaction(timeout).map_err(|e| BatchError::Fatal(e.into()))?;
+    processor.aborted();
+    Ok(())
+}
+
+enum BatchError {
+    Retry(String),
+    Fatal(Error),
+}
+
+fn classify(e: KafkaError) -> BatchError {
+    match &e {
+        KafkaError::Transaction(t) if t.is_fatal() => BatchError::Fatal(Error::Kafka(e)),
+        _ => BatchError::Retry(e.to_string()),
+    }
+}
+
+fn input<'a>(msg: &'a BorrowedMessage<'a>) -> Input<'a> {
+    let headers = msg
+        .headers()
+        .map(|h| h.iter().map(|x| (x.key, x.value.unwrap_or_default())).collect())
+        .unwrap_or_default();
+    Input {
+        topic: msg.topic(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key(),
+        payload: msg.payload(),
+        timestamp_ms: msg.timestamp().to_millis(),
+        headers,
+    }
+}
