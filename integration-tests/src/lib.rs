@@ -1,0 +1,97 @@
+//! Helpers for tests that run against the real stack started by `compose/stack.sh`.
+//!
+//! Every test takes fresh names (topic prefix, group, transactional id, database)
+//! from [`unique`], so tests never see each other's data and can run in parallel.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The broker, from `SLUICE_KAFKA_BOOTSTRAP` (set by `compose/test.sh`).
+pub fn bootstrap() -> String {
+    std::env::var("SLUICE_KAFKA_BOOTSTRAP")
+        .expect("SLUICE_KAFKA_BOOTSTRAP is not set: run the tests with compose/test.sh (it starts Kafka and PostgreSQL)")
+}
+
+/// The PostgreSQL server, from `SLUICE_DATABASE_URL` (set by `compose/test.sh`).
+pub fn database_url() -> String {
+    std::env::var("SLUICE_DATABASE_URL")
+        .expect("SLUICE_DATABASE_URL is not set: run the tests with compose/test.sh (it starts Kafka and PostgreSQL)")
+}
+
+/// A name no other test (in this run or an earlier one) uses.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}-{}-{n}", &id[..10])
+}
+
+/// A fresh, empty database on the test server; returns its URL.
+pub async fn fresh_database() -> String {
+    use sqlx::Connection;
+    let base = database_url();
+    let name = unique("t").replace('-', "_");
+    let mut conn = sqlx::PgConnection::connect(&base).await.expect("connect to the test PostgreSQL");
+    // The name is generated here from a UUID: nothing outside the test reaches it.
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create database");
+    let (root, _) = base.rsplit_once('/').expect("database URL has a path");
+    format!("{root}/{name}")
+}
+
+/// A built service binary (`compose/test.sh` builds them before the tests).
+pub fn service_binary(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug").join(name);
+    assert!(
+        path.exists(),
+        "{} not found: build the services first (cargo build --bins)",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// `GET path` on a loopback port; returns (status, body) or None if nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// Polls `f` until it is true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}

@@ -36,7 +36,9 @@ impl Options {
             env.problem("SLUICE_DATABASE_URL is required (postgres://user@host:port/db)");
             Secret::new("")
         });
-        if !database_url.expose().is_empty() && database_url.expose().parse::<PgConnectOptions>().is_err() {
+        let url = database_url.expose();
+        let scheme_ok = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        if !url.is_empty() && (!scheme_ok || url.parse::<PgConnectOptions>().is_err()) {
             // Do not echo the URL: it may contain a password.
             env.problem("SLUICE_DATABASE_URL is not a valid postgres:// URL");
         }

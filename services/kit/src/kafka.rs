@@ -80,8 +80,10 @@ impl KafkaOptions {
     /// partition set / instance, so a restarted instance fences its zombie.
     pub fn transactional_producer_config(&self, client_id: &str, transactional_id: &str) -> ClientConfig {
         let mut c = self.producer_config(client_id);
+        // librdkafka requires message.timeout.ms <= transaction.timeout.ms.
         c.set("transactional.id", transactional_id)
-            .set("transaction.timeout.ms", "60000");
+            .set("transaction.timeout.ms", "60000")
+            .set("message.timeout.ms", "55000");
         self.finish(c)
     }
 

@@ -162,16 +162,33 @@ pub async fn bootstrap(
         }
     }
     let resources: Vec<ResourceSpecifier<'_>> = specs.iter().map(|(n, _)| ResourceSpecifier::Topic(n)).collect();
-    for (t, described) in which.iter().zip(admin.describe_configs(&resources, &opts).await?) {
-        let topic = names.name(*t);
-        let described = described.map_err(|code| BootstrapError::Describe {
-            topic: topic.clone(),
-            message: code.to_string(),
-        })?;
-        let policy = described.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default();
-        if t.compacted() && !policy.split(',').any(|p| p.trim() == "compact") {
-            return Err(BootstrapError::NotCompacted { topic, found: policy });
+    // A topic created a moment ago may not report its configs yet: ask again until
+    // every policy is known or the timeout passes.
+    let started = std::time::Instant::now();
+    loop {
+        let mut unknown = None;
+        for (t, described) in which.iter().zip(admin.describe_configs(&resources, &opts).await?) {
+            let topic = names.name(*t);
+            let described = described.map_err(|code| BootstrapError::Describe {
+                topic: topic.clone(),
+                message: code.to_string(),
+            })?;
+            let policy = described.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default();
+            if policy.is_empty() {
+                unknown = Some(topic);
+            } else if t.compacted() && !policy.split(',').any(|p| p.trim() == "compact") {
+                return Err(BootstrapError::NotCompacted { topic, found: policy });
+            }
+        }
+        match unknown {
+            None => return Ok(()),
+            Some(topic) if started.elapsed() >= timeout => {
+                return Err(BootstrapError::Describe {
+                    topic,
+                    message: format!("cleanup.policy still unknown after {} ms", timeout.as_millis()),
+                });
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
-    Ok(())
 }

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Sluice's main job on one machine, no Docker: brings up the stack (Kafka + PostgreSQL,
+# installing them if missing), builds the four services and starts each as its own
+# process, as in production; waits until every one reports ready on its admin port,
+# shows their status, and runs until Ctrl-C. Ctrl-C stops the services (SIGTERM, then
+# their graceful shutdown) and the stack, and leaves nothing running.
+#
+#   compose/run.sh           run until Ctrl-C
+#   compose/run.sh --check   start everything, report, stop (for scripts)
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+cd "$REPO"
+say() { printf '[sluice] %s\n' "$*" >&2; }
+mode="${1:-run}"
+
+bash "$HERE/ensure-toolchain.sh"
+# shellcheck disable=SC1091
+[[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
+
+was_running=0
+bash "$HERE/stack.sh" status | grep -q '^kafka: running' && was_running=1
+bash "$HERE/stack.sh" up
+eval "$(bash "$HERE/stack.sh" env)"
+export SLUICE_TOPIC_PREFIX="${SLUICE_TOPIC_PREFIX:-sluice.}"
+export SLUICE_TOPIC_PARTITIONS="${SLUICE_TOPIC_PARTITIONS:-4}"
+
+say "building the services"
+cargo build --bins --locked -q
+
+LOGS="$REPO/.stack/services"
+mkdir -p "$LOGS"
+declare -A PORT=([ingester]=9101 [state-updater]=9102 [resolver]=9103 [dispatcher]=9104)
+ORDER=(ingester state-updater resolver dispatcher)
+PIDS=()
+
+stop_all() {
+  trap - INT TERM EXIT
+  say "stopping services"
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [[ $was_running -eq 0 ]]; then bash "$HERE/stack.sh" down; fi
+  say "stopped; nothing left running"
+}
+trap stop_all INT TERM EXIT
+
+for s in "${ORDER[@]}"; do
+  SLUICE_ADMIN_ADDR="127.0.0.1:${PORT[$s]}" "$REPO/target/debug/sluice-$s" >"$LOGS/$s.log" 2>&1 &
+  PIDS+=($!)
+  say "started sluice-$s (pid $!, admin 127.0.0.1:${PORT[$s]}, log $LOGS/$s.log)"
+done
+
+deadline=$((SECONDS + 120))
+for s in "${ORDER[@]}"; do
+  until curl -fsS "http://127.0.0.1:${PORT[$s]}/health/ready" >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then say "sluice-$s not ready after 120 s; its log:"; tail -n 30 "$LOGS/$s.log" >&2; exit 1; fi
+    sleep 0.5
+  done
+done
+
+printf '\n%-16s %-8s %-24s %s\n' SERVICE STATUS ADMIN LOG
+for s in "${ORDER[@]}"; do
+  printf '%-16s %-8s %-24s %s\n' "sluice-$s" ready "127.0.0.1:${PORT[$s]}" "$LOGS/$s.log"
+done
+printf '\ntopics: %s{asset-events,asset-state,dependencies,resolver-progress,triggers,runs,dead-letter} on %s\n' \
+  "$SLUICE_TOPIC_PREFIX" "$SLUICE_KAFKA_BOOTSTRAP"
+printf 'metrics: curl http://127.0.0.1:9102/metrics\n\n'
+
+if [[ $mode == --check ]]; then exit 0; fi
+say "running; Ctrl-C to stop"
+while true; do
+  for i in "${!PIDS[@]}"; do
+    if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then say "sluice-${ORDER[$i]} exited; its log:"; tail -n 30 "$LOGS/${ORDER[$i]}.log" >&2; exit 1; fi
+  done
+  sleep 2
+done

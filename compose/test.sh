@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine or a used one:
+#   installs what is missing (Kafka from Maven Central, PostgreSQL from the machine's
+#   packages), starts the local stack, builds, checks formatting and lints, runs every
+#   test (the core's pure tests and the integration tests against the real broker and
+#   PostgreSQL), then stops the stack again if it was not running before.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+cd "$REPO"
+say() { printf '[test] %s\n' "$*" >&2; }
+
+bash "$HERE/ensure-toolchain.sh"
+# shellcheck disable=SC1091
+[[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
+
+was_running=0
+bash "$HERE/stack.sh" status | grep -q '^kafka: running' && was_running=1
+bash "$HERE/stack.sh" up
+if [[ $was_running -eq 0 ]]; then
+  trap 'bash "$HERE/stack.sh" down' EXIT
+fi
+eval "$(bash "$HERE/stack.sh" env)"
+
+say "cargo fmt --check"
+cargo fmt --all -- --check
+say "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -q -- -D warnings
+say "building services and tests"
+cargo build --workspace --bins --tests --locked -q
+say "running tests"
+cargo test --workspace --locked --no-fail-fast
