@@ -34,7 +34,9 @@ pub async fn fresh_database() -> String {
     use sqlx::Connection;
     let base = database_url();
     let name = unique("t").replace('-', "_");
-    let mut conn = sqlx::PgConnection::connect(&base).await.expect("connect to the test PostgreSQL");
+    let mut conn = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("connect to the test PostgreSQL");
     // The name is generated here from a UUID: nothing outside the test reaches it.
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut conn)
@@ -68,15 +70,22 @@ pub fn free_port() -> u16 {
 
 /// `GET path` on a loopback port; returns (status, body) or None if nothing answers.
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.ok()?;
     let text = String::from_utf8_lossy(&buf).to_string();
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Some((status, body))
 }
 

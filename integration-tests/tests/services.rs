@@ -5,9 +5,16 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use sluice_integration_tests::{bootstrap, database_url, eventually, free_port, http_get, service_binary, unique};
+use sluice_integration_tests::{
+    bootstrap, database_url, eventually, free_port, http_get, service_binary, unique,
+};
 
-const SERVICES: [&str; 4] = ["sluice-ingester", "sluice-state-updater", "sluice-resolver", "sluice-dispatcher"];
+const SERVICES: [&str; 4] = [
+    "sluice-ingester",
+    "sluice-state-updater",
+    "sluice-resolver",
+    "sluice-dispatcher",
+];
 
 fn spawn(name: &str, port: u16, prefix: &str) -> Child {
     Command::new(service_binary(name))
@@ -50,7 +57,10 @@ async fn the_four_services_start_become_ready_and_stop_on_sigterm() {
         assert_eq!(status, 200, "{name} live");
         let (status, metrics) = http_get(*port, "/metrics").await.expect("metrics answer");
         assert_eq!(status, 200);
-        assert!(metrics.contains("sluice_service_info"), "{name} metrics:\n{metrics}");
+        assert!(
+            metrics.contains("sluice_service_info"),
+            "{name} metrics:\n{metrics}"
+        );
     }
     for (_, _, child) in &running {
         terminate(child);
@@ -81,8 +91,19 @@ fn a_bad_configuration_lists_every_problem_and_never_prints_the_password() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for expected in ["SLUICE_TOPIC_PARTITIONS", "SLUICE_ADMIN_ADDR", "SLUICE_LOG_FORMAT", "SLUICE_DATABASE_URL is not a valid"] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+    for expected in [
+        "SLUICE_TOPIC_PARTITIONS",
+        "SLUICE_ADMIN_ADDR",
+        "SLUICE_LOG_FORMAT",
+        "SLUICE_DATABASE_URL is not a valid",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
     }
-    assert!(!stderr.contains("hunter2"), "the password leaked:\n{stderr}");
+    assert!(
+        !stderr.contains("hunter2"),
+        "the password leaked:\n{stderr}"
+    );
 }

@@ -5,11 +5,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use sluice_integration_tests::{bootstrap, fresh_database, unique};
 use sluice_kit::kafka::KafkaOptions;
 use sluice_kit::topics::{self, BootstrapError, Topic, TopicNames};
@@ -24,7 +24,11 @@ async fn topic(partitions: i32) -> String {
     let name = unique("stack");
     let admin = kafka().admin("stack-test").expect("admin");
     let nt = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
-    for r in admin.create_topics([&nt], &AdminOptions::new()).await.expect("create") {
+    for r in admin
+        .create_topics([&nt], &AdminOptions::new())
+        .await
+        .expect("create")
+    {
         r.expect("topic created");
     }
     name
@@ -45,7 +49,8 @@ fn read_all(topic: &str, isolation: &str, wait: Duration) -> Vec<String> {
     cfg.set("isolation.level", isolation);
     let c: BaseConsumer = cfg.create().expect("consumer");
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning).expect("tpl");
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .expect("tpl");
     c.assign(&tpl).expect("assign");
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + wait;
@@ -59,7 +64,8 @@ fn read_all(topic: &str, isolation: &str, wait: Duration) -> Vec<String> {
 
 fn send(p: &BaseProducer, topic: &str, payloads: &[&str]) {
     for v in payloads {
-        p.send(BaseRecord::to(topic).key("k").payload(*v)).expect("send");
+        p.send(BaseRecord::to(topic).key("k").payload(*v))
+            .expect("send");
     }
     p.flush(T).expect("flush");
 }
@@ -73,7 +79,10 @@ async fn committed_records_are_visible_only_after_commit() {
     // Flushed to the broker but not committed: a read_committed reader sees nothing.
     assert!(read_all(&topic, "read_committed", Duration::from_secs(2)).is_empty());
     p.commit_transaction(T).expect("commit");
-    assert_eq!(read_all(&topic, "read_committed", Duration::from_secs(3)), ["a", "b", "c"]);
+    assert_eq!(
+        read_all(&topic, "read_committed", Duration::from_secs(3)),
+        ["a", "b", "c"]
+    );
 }
 
 #[tokio::test]
@@ -86,7 +95,10 @@ async fn aborted_records_are_never_visible() {
     p.begin_transaction().expect("begin");
     send(&p, &topic, &["kept"]);
     p.commit_transaction(T).expect("commit");
-    assert_eq!(read_all(&topic, "read_committed", Duration::from_secs(3)), ["kept"]);
+    assert_eq!(
+        read_all(&topic, "read_committed", Duration::from_secs(3)),
+        ["kept"]
+    );
     // The aborted records were really written: an uncommitted reader sees them.
     let dirty = read_all(&topic, "read_uncommitted", Duration::from_secs(3));
     assert_eq!(dirty, ["lost-1", "lost-2", "kept"]);
@@ -95,10 +107,16 @@ async fn aborted_records_are_never_visible() {
 #[tokio::test]
 async fn offsets_commit_with_the_transaction_and_not_on_abort() {
     let input = topic(1).await;
-    let plain: BaseProducer = kafka().producer_config("stack-test").create().expect("producer");
+    let plain: BaseProducer = kafka()
+        .producer_config("stack-test")
+        .create()
+        .expect("producer");
     send(&plain, &input, &["1", "2", "3", "4"]);
     let group = unique("group");
-    let consumer: BaseConsumer = kafka().consumer_config(&unique("c"), &group).create().expect("consumer");
+    let consumer: BaseConsumer = kafka()
+        .consumer_config(&unique("c"), &group)
+        .create()
+        .expect("consumer");
     consumer.subscribe(&[input.as_str()]).expect("subscribe");
     let mut seen = 0;
     while seen < 4 {
@@ -115,18 +133,25 @@ async fn offsets_commit_with_the_transaction_and_not_on_abort() {
     let cgm = consumer.group_metadata().expect("group metadata");
     let offsets = |o: i64| {
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&input, 0, Offset::Offset(o)).expect("tpl");
+        tpl.add_partition_offset(&input, 0, Offset::Offset(o))
+            .expect("tpl");
         tpl
     };
     p.begin_transaction().expect("begin");
-    p.send_offsets_to_transaction(&offsets(2), &cgm, T).expect("send offsets");
+    p.send_offsets_to_transaction(&offsets(2), &cgm, T)
+        .expect("send offsets");
     p.commit_transaction(T).expect("commit");
     assert_eq!(committed(&consumer), Offset::Offset(2));
 
     p.begin_transaction().expect("begin");
-    p.send_offsets_to_transaction(&offsets(4), &cgm, T).expect("send offsets");
+    p.send_offsets_to_transaction(&offsets(4), &cgm, T)
+        .expect("send offsets");
     p.abort_transaction(T).expect("abort");
-    assert_eq!(committed(&consumer), Offset::Offset(2), "an aborted transaction commits no offsets");
+    assert_eq!(
+        committed(&consumer),
+        Offset::Offset(2),
+        "an aborted transaction commits no offsets"
+    );
 }
 
 async fn cleanup_policy(name: &str) -> String {
@@ -136,24 +161,38 @@ async fn cleanup_policy(name: &str) -> String {
         .await
         .expect("describe");
     let cfg = r.into_iter().next().expect("one").expect("described");
-    cfg.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default()
+    cfg.get("cleanup.policy")
+        .and_then(|e| e.value.clone())
+        .unwrap_or_default()
 }
 
 #[tokio::test]
 async fn bootstrap_creates_compacted_topics_compacted_and_is_idempotent() {
     let names = TopicNames::with_prefix(&format!("{}.", unique("boot")), 3);
     let admin = kafka().admin("stack-test").expect("admin");
-    topics::bootstrap(&admin, &names, &Topic::ALL, T).await.expect("bootstrap");
-    topics::bootstrap(&admin, &names, &Topic::ALL, T).await.expect("second bootstrap is a no-op");
+    topics::bootstrap(&admin, &names, &Topic::ALL, T)
+        .await
+        .expect("bootstrap");
+    topics::bootstrap(&admin, &names, &Topic::ALL, T)
+        .await
+        .expect("second bootstrap is a no-op");
     let mut compacted = BTreeSet::new();
     for t in Topic::ALL {
         let policy = cleanup_policy(&names.name(t)).await;
-        assert_eq!(policy == "compact", t.compacted(), "{}: {policy}", names.name(t));
+        assert_eq!(
+            policy == "compact",
+            t.compacted(),
+            "{}: {policy}",
+            names.name(t)
+        );
         if t.compacted() {
             compacted.insert(t.role());
         }
     }
-    assert_eq!(compacted, BTreeSet::from(["asset-state", "dependencies", "resolver-progress", "runs"]));
+    assert_eq!(
+        compacted,
+        BTreeSet::from(["asset-state", "dependencies", "resolver-progress", "runs"])
+    );
 }
 
 #[tokio::test]
@@ -162,19 +201,34 @@ async fn a_compacted_topic_found_with_delete_policy_is_a_start_up_error() {
     let admin = kafka().admin("stack-test").expect("admin");
     let state = names.name(Topic::AssetState);
     let nt = NewTopic::new(&state, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "delete");
-    for r in admin.create_topics([&nt], &AdminOptions::new()).await.expect("create") {
+    for r in admin
+        .create_topics([&nt], &AdminOptions::new())
+        .await
+        .expect("create")
+    {
         r.expect("created");
     }
-    let err = topics::bootstrap(&admin, &names, &[Topic::AssetState], T).await.expect_err("refused");
-    assert!(matches!(&err, BootstrapError::NotCompacted { topic, found } if *topic == state && found == "delete"), "{err}");
+    let err = topics::bootstrap(&admin, &names, &[Topic::AssetState], T)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&err, BootstrapError::NotCompacted { topic, found } if *topic == state && found == "delete"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn postgresql_accepts_the_migrations_and_enforces_one_row_per_trigger_key() {
     let url = fresh_database().await;
     let pool = sqlx::PgPool::connect(&url).await.expect("connect");
-    sluice_dispatcher::MIGRATOR.run(&pool).await.expect("migrations apply");
-    sluice_dispatcher::MIGRATOR.run(&pool).await.expect("and re-apply as a no-op");
+    sluice_dispatcher::MIGRATOR
+        .run(&pool)
+        .await
+        .expect("migrations apply");
+    sluice_dispatcher::MIGRATOR
+        .run(&pool)
+        .await
+        .expect("and re-apply as a no-op");
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1",
     )
@@ -189,12 +243,31 @@ async fn postgresql_accepts_the_migrations_and_enforces_one_row_per_trigger_key(
                   VALUES ($1, 'dep', 1, 'WEBHOOK', 'w', '[]', 'test', now(), now(), 0, 0) \
                   ON CONFLICT (trigger_key) DO NOTHING RETURNING trigger_key";
     let key = "tk1-c90b8a6ff80fe66069651ca4bf00aeee";
-    let first: Option<String> = sqlx::query_scalar(insert).bind(key).fetch_optional(&pool).await.expect("insert");
-    let second: Option<String> = sqlx::query_scalar(insert).bind(key).fetch_optional(&pool).await.expect("insert");
-    assert_eq!((first.as_deref(), second), (Some(key), None), "the second insert of one key is a no-op");
+    let first: Option<String> = sqlx::query_scalar(insert)
+        .bind(key)
+        .fetch_optional(&pool)
+        .await
+        .expect("insert");
+    let second: Option<String> = sqlx::query_scalar(insert)
+        .bind(key)
+        .fetch_optional(&pool)
+        .await
+        .expect("insert");
+    assert_eq!(
+        (first.as_deref(), second),
+        (Some(key), None),
+        "the second insert of one key is a no-op"
+    );
     let bad = sqlx::query(insert).bind("not-a-key").execute(&pool).await;
-    assert!(bad.is_err(), "a malformed trigger_key is refused by the schema");
-    let epoch1 = sluice_dispatcher::take_epoch(&pool, "a").await.expect("epoch");
-    let epoch2 = sluice_dispatcher::take_epoch(&pool, "b").await.expect("epoch");
+    assert!(
+        bad.is_err(),
+        "a malformed trigger_key is refused by the schema"
+    );
+    let epoch1 = sluice_dispatcher::take_epoch(&pool, "a")
+        .await
+        .expect("epoch");
+    let epoch2 = sluice_dispatcher::take_epoch(&pool, "b")
+        .await
+        .expect("epoch");
     assert!(epoch2 > epoch1);
 }

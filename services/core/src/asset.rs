@@ -65,19 +65,32 @@ impl AssetKey {
         for (part, segment) in parts.iter().zip(SEGMENTS) {
             let key = || raw.to_owned();
             let Some(first) = part.chars().next() else {
-                return Err(AssetKeyError::EmptySegment { key: key(), segment });
+                return Err(AssetKeyError::EmptySegment {
+                    key: key(),
+                    segment,
+                });
             };
             if part.chars().count() > 80 {
-                return Err(AssetKeyError::SegmentTooLong { key: key(), segment });
+                return Err(AssetKeyError::SegmentTooLong {
+                    key: key(),
+                    segment,
+                });
             }
             if let Some(ch) = part
                 .chars()
                 .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_' || *c == '-'))
             {
-                return Err(AssetKeyError::BadChar { key: key(), segment, ch });
+                return Err(AssetKeyError::BadChar {
+                    key: key(),
+                    segment,
+                    ch,
+                });
             }
             if !(first.is_ascii_lowercase() || first.is_ascii_digit()) {
-                return Err(AssetKeyError::BadStart { key: key(), segment });
+                return Err(AssetKeyError::BadStart {
+                    key: key(),
+                    segment,
+                });
             }
         }
         Ok(AssetKey(raw.to_owned()))
@@ -200,21 +213,59 @@ mod tests {
     #[test]
     fn accepts_well_formed_keys() {
         let k = AssetKey::parse("lake.ods.order_latest").expect("valid");
-        assert_eq!((k.catalog(), k.namespace(), k.table()), ("lake", "ods", "order_latest"));
+        assert_eq!(
+            (k.catalog(), k.namespace(), k.table()),
+            ("lake", "ods", "order_latest")
+        );
         assert!(AssetKey::parse("c1.n-2.t_3").is_ok());
     }
 
     #[test]
     fn rejects_bad_keys_with_a_precise_reason() {
         use AssetKeyError::*;
-        let cases: &[(&str, fn(&AssetKeyError) -> bool)] = &[
+        type Check = fn(&AssetKeyError) -> bool;
+        let cases: &[(&str, Check)] = &[
             ("", |e| matches!(e, Empty)),
             ("a.b", |e| matches!(e, Segments { segments: 2, .. })),
             ("a.b.c.d", |e| matches!(e, Segments { segments: 4, .. })),
-            ("a..c", |e| matches!(e, EmptySegment { segment: "namespace", .. })),
-            ("Lake.ods.t", |e| matches!(e, BadChar { ch: 'L', segment: "catalog", .. })),
-            ("lake.ods.t x", |e| matches!(e, BadChar { ch: ' ', segment: "table", .. })),
-            ("lake._ods.t", |e| matches!(e, BadStart { segment: "namespace", .. })),
+            ("a..c", |e| {
+                matches!(
+                    e,
+                    EmptySegment {
+                        segment: "namespace",
+                        ..
+                    }
+                )
+            }),
+            ("Lake.ods.t", |e| {
+                matches!(
+                    e,
+                    BadChar {
+                        ch: 'L',
+                        segment: "catalog",
+                        ..
+                    }
+                )
+            }),
+            ("lake.ods.t x", |e| {
+                matches!(
+                    e,
+                    BadChar {
+                        ch: ' ',
+                        segment: "table",
+                        ..
+                    }
+                )
+            }),
+            ("lake._ods.t", |e| {
+                matches!(
+                    e,
+                    BadStart {
+                        segment: "namespace",
+                        ..
+                    }
+                )
+            }),
         ];
         for (raw, check) in cases {
             let err = AssetKey::parse(raw).expect_err(raw);
@@ -224,7 +275,10 @@ mod tests {
         let long = format!("a.b.{}", "t".repeat(300));
         assert!(matches!(AssetKey::parse(&long), Err(TooLong { .. })));
         let long_seg = format!("a.b.{}", "t".repeat(81));
-        assert!(matches!(AssetKey::parse(&long_seg), Err(SegmentTooLong { .. })));
+        assert!(matches!(
+            AssetKey::parse(&long_seg),
+            Err(SegmentTooLong { .. })
+        ));
     }
 
     #[test]

@@ -37,19 +37,32 @@ pub struct InputCondition {
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Predicate {
     /// A newer commit than at the last trigger; compactions count only if asked.
-    Advanced { include_compaction: bool },
-    WatermarkAtLeast { watermark_ms: i64 },
+    Advanced {
+        include_compaction: bool,
+    },
+    WatermarkAtLeast {
+        watermark_ms: i64,
+    },
     /// The newest data commit has a passing quality report.
     QualityPassed,
-    SchemaEquals { schema_id: i64 },
+    SchemaEquals {
+        schema_id: i64,
+    },
     /// The schema id is the one seen at the last trigger.
     SchemaUnchanged,
     /// A commit since the last trigger touched this partition.
-    PartitionCommitted { partition: String },
+    PartitionCommitted {
+        partition: String,
+    },
     /// At least N commits since the last trigger (table-service policies).
-    CommitsSinceTrigger { at_least: u64, include_compaction: bool },
+    CommitsSinceTrigger {
+        at_least: u64,
+        include_compaction: bool,
+    },
     /// The newest data commit is at most this old.
-    FreshWithin { max_age_ms: i64 },
+    FreshWithin {
+        max_age_ms: i64,
+    },
 }
 
 impl Predicate {
@@ -73,7 +86,9 @@ impl Predicate {
 pub enum ConditionError {
     #[error("{group} group at {path} has no members")]
     EmptyGroup { group: &'static str, path: String },
-    #[error("input {asset} is listed twice (at {first} and at {second}); merge its predicates into one input")]
+    #[error(
+        "input {asset} is listed twice (at {first} and at {second}); merge its predicates into one input"
+    )]
     DuplicateInput {
         asset: AssetKey,
         first: String,
@@ -157,7 +172,11 @@ impl Condition {
         }
         match self {
             Condition::All(cs) | Condition::Any(cs) => {
-                let group = if matches!(self, Condition::All(_)) { "all" } else { "any" };
+                let group = if matches!(self, Condition::All(_)) {
+                    "all"
+                } else {
+                    "any"
+                };
                 if cs.is_empty() {
                     return Err(ConditionError::EmptyGroup { group, path });
                 }
@@ -236,8 +255,14 @@ impl Condition {
                     return false;
                 };
                 let base = baseline(&input.asset);
-                let default = [Predicate::Advanced { include_compaction: false }];
-                let preds: &[Predicate] = if input.predicates.is_empty() { &default } else { &input.predicates };
+                let default = [Predicate::Advanced {
+                    include_compaction: false,
+                }];
+                let preds: &[Predicate] = if input.predicates.is_empty() {
+                    &default
+                } else {
+                    &input.predicates
+                };
                 let held = preds.iter().all(|p| holds(p, s, base, now_ms));
                 if held {
                     let names: Vec<&str> = preds.iter().map(Predicate::name).collect();
@@ -253,13 +278,21 @@ fn holds(p: &Predicate, s: &AssetState, base: Option<&Baseline>, now_ms: i64) ->
     match p {
         Predicate::Advanced { include_compaction } => {
             let (now, then) = if *include_compaction {
-                (s.latest.as_ref().map(|c| c.sequence), base.and_then(|b| b.sequence))
+                (
+                    s.latest.as_ref().map(|c| c.sequence),
+                    base.and_then(|b| b.sequence),
+                )
             } else {
-                (s.latest_data.as_ref().map(|c| c.sequence), base.and_then(|b| b.data_sequence))
+                (
+                    s.latest_data.as_ref().map(|c| c.sequence),
+                    base.and_then(|b| b.data_sequence),
+                )
             };
             now.is_some() && now > then
         }
-        Predicate::WatermarkAtLeast { watermark_ms } => s.watermark_ms.is_some_and(|w| w >= *watermark_ms),
+        Predicate::WatermarkAtLeast { watermark_ms } => {
+            s.watermark_ms.is_some_and(|w| w >= *watermark_ms)
+        }
         Predicate::QualityPassed => match (&s.quality, &s.latest_data) {
             (Some(q), Some(c)) => q.sequence == c.sequence && q.status == QualityStatus::Passed,
             _ => false,
@@ -301,13 +334,23 @@ mod tests {
     }
 
     fn input(asset: &str, predicates: Vec<Predicate>) -> Condition {
-        Condition::Input(InputCondition { asset: k(asset), predicates })
+        Condition::Input(InputCondition {
+            asset: k(asset),
+            predicates,
+        })
     }
 
     fn state(asset: &str, commits: &[(i64, Operation, &str)]) -> AssetState {
         let mut s = AssetState::new(k(asset), TableFormat::Iceberg);
         for (seq, op, part) in commits {
-            let mut e = AssetEvent::committed(k(asset), TableFormat::Iceberg, seq * 100, *seq, 1_000 * seq, EventSource::Poll);
+            let mut e = AssetEvent::committed(
+                k(asset),
+                TableFormat::Iceberg,
+                seq * 100,
+                *seq,
+                1_000 * seq,
+                EventSource::Poll,
+            );
             e.operation = *op;
             e.partitions = vec![(*part).to_owned()];
             e.watermark_ms = Some(seq * 10);
@@ -327,26 +370,57 @@ mod tests {
             c.evaluate(&|a| self.states.get(a), &|a| self.baselines.get(a), now)
         }
         fn trigger(&mut self) {
-            self.baselines = self.states.iter().map(|(k, s)| (k.clone(), Baseline::of(s))).collect();
+            self.baselines = self
+                .states
+                .iter()
+                .map(|(k, s)| (k.clone(), Baseline::of(s)))
+                .collect();
         }
     }
 
     fn gmv_world() -> World {
         let mut states = BTreeMap::new();
-        states.insert(k("l.ods.order"), state("l.ods.order", &[(1, Operation::Append, "dt=1")]));
-        states.insert(k("l.ods.payment"), state("l.ods.payment", &[(1, Operation::Append, "dt=1")]));
-        World { states, baselines: BTreeMap::new() }
+        states.insert(
+            k("l.ods.order"),
+            state("l.ods.order", &[(1, Operation::Append, "dt=1")]),
+        );
+        states.insert(
+            k("l.ods.payment"),
+            state("l.ods.payment", &[(1, Operation::Append, "dt=1")]),
+        );
+        World {
+            states,
+            baselines: BTreeMap::new(),
+        }
     }
 
     #[test]
     fn all_needs_every_input_to_advance_any_needs_one() {
-        let all = Condition::All(vec![input("l.ods.order", vec![]), input("l.ods.payment", vec![])]);
-        let any = Condition::Any(vec![input("l.ods.order", vec![]), input("l.ods.payment", vec![])]);
+        let all = Condition::All(vec![
+            input("l.ods.order", vec![]),
+            input("l.ods.payment", vec![]),
+        ]);
+        let any = Condition::Any(vec![
+            input("l.ods.order", vec![]),
+            input("l.ods.payment", vec![]),
+        ]);
         let mut w = gmv_world();
         assert!(w.eval(&all, 0).satisfied);
         w.trigger();
-        assert!(!w.eval(&all, 0).satisfied, "nothing advanced since the trigger");
-        w.states.insert(k("l.ods.order"), state("l.ods.order", &[(1, Operation::Append, "dt=1"), (2, Operation::Append, "dt=1")]));
+        assert!(
+            !w.eval(&all, 0).satisfied,
+            "nothing advanced since the trigger"
+        );
+        w.states.insert(
+            k("l.ods.order"),
+            state(
+                "l.ods.order",
+                &[
+                    (1, Operation::Append, "dt=1"),
+                    (2, Operation::Append, "dt=1"),
+                ],
+            ),
+        );
         assert!(!w.eval(&all, 0).satisfied, "payment has not advanced");
         let v = w.eval(&any, 0);
         assert!(v.satisfied);
@@ -358,7 +432,10 @@ mod tests {
         // order AND (payment OR refund)
         let c = Condition::All(vec![
             input("l.ods.order", vec![]),
-            Condition::Any(vec![input("l.ods.payment", vec![]), input("l.ods.refund", vec![])]),
+            Condition::Any(vec![
+                input("l.ods.payment", vec![]),
+                input("l.ods.refund", vec![]),
+            ]),
         ]);
         let w = gmv_world();
         assert!(w.eval(&c, 0).satisfied);
@@ -371,39 +448,129 @@ mod tests {
     fn compaction_is_ignored_unless_asked_for() {
         let mut w = gmv_world();
         w.trigger();
-        w.states.insert(k("l.ods.order"), state("l.ods.order", &[(1, Operation::Append, "dt=1"), (2, Operation::Compact, "dt=1")]));
+        w.states.insert(
+            k("l.ods.order"),
+            state(
+                "l.ods.order",
+                &[
+                    (1, Operation::Append, "dt=1"),
+                    (2, Operation::Compact, "dt=1"),
+                ],
+            ),
+        );
         assert!(!w.eval(&input("l.ods.order", vec![]), 0).satisfied);
-        let with = input("l.ods.order", vec![Predicate::Advanced { include_compaction: true }]);
+        let with = input(
+            "l.ods.order",
+            vec![Predicate::Advanced {
+                include_compaction: true,
+            }],
+        );
         assert!(w.eval(&with, 0).satisfied);
     }
 
     #[test]
     fn leaf_predicates() {
-        let commits = [(1, Operation::Append, "dt=1"), (2, Operation::Append, "dt=2"), (3, Operation::Compact, "dt=2")];
-        let mut w = World { states: BTreeMap::from([(k("l.d.t"), state("l.d.t", &commits))]), baselines: BTreeMap::new() };
-        let yes = |w: &World, p: Predicate, now: i64| w.eval(&input("l.d.t", vec![p]), now).satisfied;
+        let commits = [
+            (1, Operation::Append, "dt=1"),
+            (2, Operation::Append, "dt=2"),
+            (3, Operation::Compact, "dt=2"),
+        ];
+        let mut w = World {
+            states: BTreeMap::from([(k("l.d.t"), state("l.d.t", &commits))]),
+            baselines: BTreeMap::new(),
+        };
+        let yes =
+            |w: &World, p: Predicate, now: i64| w.eval(&input("l.d.t", vec![p]), now).satisfied;
         assert!(yes(&w, Predicate::WatermarkAtLeast { watermark_ms: 30 }, 0));
-        assert!(!yes(&w, Predicate::WatermarkAtLeast { watermark_ms: 31 }, 0));
+        assert!(!yes(
+            &w,
+            Predicate::WatermarkAtLeast { watermark_ms: 31 },
+            0
+        ));
         assert!(yes(&w, Predicate::SchemaEquals { schema_id: 1 }, 0));
         assert!(!yes(&w, Predicate::SchemaEquals { schema_id: 2 }, 0));
-        assert!(yes(&w, Predicate::PartitionCommitted { partition: "dt=2".into() }, 0));
-        assert!(!yes(&w, Predicate::PartitionCommitted { partition: "dt=9".into() }, 0));
-        assert!(yes(&w, Predicate::CommitsSinceTrigger { at_least: 2, include_compaction: false }, 0));
-        assert!(!yes(&w, Predicate::CommitsSinceTrigger { at_least: 3, include_compaction: false }, 0));
-        assert!(yes(&w, Predicate::CommitsSinceTrigger { at_least: 3, include_compaction: true }, 0));
-        assert!(yes(&w, Predicate::FreshWithin { max_age_ms: 500 }, 2_400), "data commit 2 at t=2000");
+        assert!(yes(
+            &w,
+            Predicate::PartitionCommitted {
+                partition: "dt=2".into()
+            },
+            0
+        ));
+        assert!(!yes(
+            &w,
+            Predicate::PartitionCommitted {
+                partition: "dt=9".into()
+            },
+            0
+        ));
+        assert!(yes(
+            &w,
+            Predicate::CommitsSinceTrigger {
+                at_least: 2,
+                include_compaction: false
+            },
+            0
+        ));
+        assert!(!yes(
+            &w,
+            Predicate::CommitsSinceTrigger {
+                at_least: 3,
+                include_compaction: false
+            },
+            0
+        ));
+        assert!(yes(
+            &w,
+            Predicate::CommitsSinceTrigger {
+                at_least: 3,
+                include_compaction: true
+            },
+            0
+        ));
+        assert!(
+            yes(&w, Predicate::FreshWithin { max_age_ms: 500 }, 2_400),
+            "data commit 2 at t=2000"
+        );
         assert!(!yes(&w, Predicate::FreshWithin { max_age_ms: 500 }, 2_600));
         assert!(!yes(&w, Predicate::QualityPassed, 0), "no report yet");
-        let mut q = AssetEvent::new(k("l.d.t"), TableFormat::Iceberg, EventKind::QualityReported, 200, 2, 5_000, EventSource::Push);
+        let mut q = AssetEvent::new(
+            k("l.d.t"),
+            TableFormat::Iceberg,
+            EventKind::QualityReported,
+            200,
+            2,
+            5_000,
+            EventSource::Push,
+        );
         q.quality = Some(QualityStatus::Passed);
         w.states.get_mut(&k("l.d.t")).expect("present").apply(&q);
         assert!(yes(&w, Predicate::QualityPassed, 0));
         w.trigger();
         assert!(yes(&w, Predicate::SchemaUnchanged, 0));
-        assert!(!yes(&w, Predicate::PartitionCommitted { partition: "dt=2".into() }, 0), "not since the trigger");
-        let mut schema = AssetEvent::new(k("l.d.t"), TableFormat::Iceberg, EventKind::SchemaChanged, 300, 3, 0, EventSource::Poll);
+        assert!(
+            !yes(
+                &w,
+                Predicate::PartitionCommitted {
+                    partition: "dt=2".into()
+                },
+                0
+            ),
+            "not since the trigger"
+        );
+        let mut schema = AssetEvent::new(
+            k("l.d.t"),
+            TableFormat::Iceberg,
+            EventKind::SchemaChanged,
+            300,
+            3,
+            0,
+            EventSource::Poll,
+        );
         schema.schema_id = Some(2);
-        w.states.get_mut(&k("l.d.t")).expect("present").apply(&schema);
+        w.states
+            .get_mut(&k("l.d.t"))
+            .expect("present")
+            .apply(&schema);
         assert!(!yes(&w, Predicate::SchemaUnchanged, 0));
     }
 
@@ -412,28 +579,52 @@ mod tests {
         let empty = Condition::All(vec![input("a.b.c", vec![]), Condition::Any(vec![])]);
         assert_eq!(
             empty.validate(),
-            Err(ConditionError::EmptyGroup { group: "any", path: "$.all[1]".into() })
+            Err(ConditionError::EmptyGroup {
+                group: "any",
+                path: "$.all[1]".into()
+            })
         );
-        let dup = Condition::Any(vec![input("a.b.c", vec![]), input("a.b.c", vec![Predicate::QualityPassed])]);
+        let dup = Condition::Any(vec![
+            input("a.b.c", vec![]),
+            input("a.b.c", vec![Predicate::QualityPassed]),
+        ]);
         let err = dup.validate().expect_err("duplicate");
         assert!(err.to_string().contains("a.b.c is listed twice"), "{err}");
-        let zero = input("a.b.c", vec![Predicate::CommitsSinceTrigger { at_least: 0, include_compaction: false }]);
-        assert!(matches!(zero.validate(), Err(ConditionError::BadPredicate { .. })));
+        let zero = input(
+            "a.b.c",
+            vec![Predicate::CommitsSinceTrigger {
+                at_least: 0,
+                include_compaction: false,
+            }],
+        );
+        assert!(matches!(
+            zero.validate(),
+            Err(ConditionError::BadPredicate { .. })
+        ));
         let mut deep = input("a.b.c", vec![]);
         for _ in 0..=MAX_DEPTH {
             deep = Condition::All(vec![deep]);
         }
-        assert!(matches!(deep.validate(), Err(ConditionError::TooDeep { .. })));
+        assert!(matches!(
+            deep.validate(),
+            Err(ConditionError::TooDeep { .. })
+        ));
         assert_eq!(gmv_inputs().validate(), Ok(()));
     }
 
     fn gmv_inputs() -> Condition {
-        Condition::All(vec![input("l.ods.order", vec![]), input("l.ods.payment", vec![])])
+        Condition::All(vec![
+            input("l.ods.order", vec![]),
+            input("l.ods.payment", vec![]),
+        ])
     }
 
     #[test]
     fn inputs_lists_every_leaf() {
-        let c = Condition::All(vec![input("a.b.c", vec![]), Condition::Any(vec![input("a.b.d", vec![])])]);
+        let c = Condition::All(vec![
+            input("a.b.c", vec![]),
+            Condition::Any(vec![input("a.b.d", vec![])]),
+        ]);
         let names: Vec<&str> = c.inputs().into_iter().map(AssetKey::as_str).collect();
         assert_eq!(names, vec!["a.b.c", "a.b.d"]);
     }

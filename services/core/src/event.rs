@@ -47,7 +47,10 @@ pub enum Operation {
 impl Operation {
     /// True for commits that change the table's data (what business triggers wait for).
     pub fn changes_data(self) -> bool {
-        matches!(self, Operation::Append | Operation::Overwrite | Operation::Delete)
+        matches!(
+            self,
+            Operation::Append | Operation::Overwrite | Operation::Delete
+        )
     }
 }
 
@@ -82,7 +85,10 @@ pub struct EventId(String);
 impl EventId {
     pub fn derive(asset: &AssetKey, kind: EventKind, sequence: i64, snapshot_id: i64) -> Self {
         let mut c = Canonical::new("sluice.event.v1");
-        c.str(asset.as_str()).str(kind.as_str()).i64(sequence).i64(snapshot_id);
+        c.str(asset.as_str())
+            .str(kind.as_str())
+            .i64(sequence)
+            .i64(snapshot_id);
         EventId(format!("ev1-{}", c.hex(16)))
     }
 
@@ -178,7 +184,8 @@ impl AssetEvent {
 
     /// True when `event_id` is what [`EventId::derive`] gives for this event's fields.
     pub fn id_is_consistent(&self) -> bool {
-        self.event_id == EventId::derive(&self.asset_key, self.kind, self.sequence, self.snapshot_id)
+        self.event_id
+            == EventId::derive(&self.asset_key, self.kind, self.sequence, self.snapshot_id)
     }
 }
 
@@ -192,8 +199,10 @@ mod tests {
 
     #[test]
     fn event_id_ignores_source_and_time() {
-        let push = AssetEvent::committed(key(), TableFormat::Paimon, 7, 7, 1_000, EventSource::Push);
-        let poll = AssetEvent::committed(key(), TableFormat::Paimon, 7, 7, 2_000, EventSource::Poll);
+        let push =
+            AssetEvent::committed(key(), TableFormat::Paimon, 7, 7, 1_000, EventSource::Push);
+        let poll =
+            AssetEvent::committed(key(), TableFormat::Paimon, 7, 7, 2_000, EventSource::Poll);
         assert_eq!(push.event_id, poll.event_id);
         assert!(push.id_is_consistent());
     }

@@ -38,9 +38,15 @@ impl JobStatus {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Pending, Self::Running, Self::Succeeded, Self::Failed, Self::Unknown]
-            .into_iter()
-            .find(|st| st.as_str() == s)
+        [
+            Self::Pending,
+            Self::Running,
+            Self::Succeeded,
+            Self::Failed,
+            Self::Unknown,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
     }
 
     /// No transition leaves a terminal status (FAILED only by an explicit retry).
@@ -76,9 +82,15 @@ pub enum Transition {
     /// RUNNING|UNKNOWN → SUCCEEDED for that invocation.
     Succeed { invocation_id: String },
     /// RUNNING|UNKNOWN → FAILED for that invocation.
-    Fail { invocation_id: String, reason: String },
+    Fail {
+        invocation_id: String,
+        reason: String,
+    },
     /// RUNNING → UNKNOWN: deadline passed or the outcome was lost.
-    MarkUnknown { invocation_id: String, reason: String },
+    MarkUnknown {
+        invocation_id: String,
+        reason: String,
+    },
     /// FAILED → PENDING for another attempt, if attempts remain.
     Retry { max_attempts: u32 },
     /// UNKNOWN → PENDING by an operator who checked the target by hand.
@@ -100,7 +112,9 @@ impl Transition {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransitionError {
-    #[error("job {trigger_key}: revision is {actual}, the transition expected {expected} (another actor moved it)")]
+    #[error(
+        "job {trigger_key}: revision is {actual}, the transition expected {expected} (another actor moved it)"
+    )]
     Conflict {
         trigger_key: TriggerKey,
         expected: i64,
@@ -141,7 +155,11 @@ impl Job {
     }
 
     /// Applies `t` if the job is still at `expected_revision`; returns the new job.
-    pub fn transition(&self, expected_revision: i64, t: Transition) -> Result<Job, TransitionError> {
+    pub fn transition(
+        &self,
+        expected_revision: i64,
+        t: Transition,
+    ) -> Result<Job, TransitionError> {
         if self.revision != expected_revision {
             return Err(TransitionError::Conflict {
                 trigger_key: self.trigger_key.clone(),
@@ -168,7 +186,14 @@ impl Job {
         let mut next = self.clone();
         next.revision += 1;
         match (&t, self.status) {
-            (Transition::Start { invocation_id, epoch, deadline_ms }, JobStatus::Pending) => {
+            (
+                Transition::Start {
+                    invocation_id,
+                    epoch,
+                    deadline_ms,
+                },
+                JobStatus::Pending,
+            ) => {
                 next.status = JobStatus::Running;
                 next.attempt += 1;
                 next.invocation_id = Some(invocation_id.clone());
@@ -181,12 +206,24 @@ impl Job {
                 next.status = JobStatus::Succeeded;
                 next.reason = None;
             }
-            (Transition::Fail { invocation_id, reason }, JobStatus::Running | JobStatus::Unknown) => {
+            (
+                Transition::Fail {
+                    invocation_id,
+                    reason,
+                },
+                JobStatus::Running | JobStatus::Unknown,
+            ) => {
                 check_invocation(invocation_id)?;
                 next.status = JobStatus::Failed;
                 next.reason = Some(reason.clone());
             }
-            (Transition::MarkUnknown { invocation_id, reason }, JobStatus::Running) => {
+            (
+                Transition::MarkUnknown {
+                    invocation_id,
+                    reason,
+                },
+                JobStatus::Running,
+            ) => {
                 check_invocation(invocation_id)?;
                 next.status = JobStatus::Unknown;
                 next.reason = Some(reason.clone());
@@ -223,15 +260,29 @@ mod tests {
     }
 
     fn start(inv: &str) -> Transition {
-        Transition::Start { invocation_id: inv.into(), epoch: 1, deadline_ms: 10_000 }
+        Transition::Start {
+            invocation_id: inv.into(),
+            epoch: 1,
+            deadline_ms: 10_000,
+        }
     }
 
     #[test]
     fn happy_path_bumps_revision_each_step() {
         let j = job();
         let r = j.transition(0, start("i1")).expect("start");
-        assert_eq!((r.status, r.revision, r.attempt), (JobStatus::Running, 1, 1));
-        let s = r.transition(1, Transition::Succeed { invocation_id: "i1".into() }).expect("succeed");
+        assert_eq!(
+            (r.status, r.revision, r.attempt),
+            (JobStatus::Running, 1, 1)
+        );
+        let s = r
+            .transition(
+                1,
+                Transition::Succeed {
+                    invocation_id: "i1".into(),
+                },
+            )
+            .expect("succeed");
         assert_eq!((s.status, s.revision), (JobStatus::Succeeded, 2));
         assert!(s.status.is_terminal());
     }
@@ -241,12 +292,37 @@ mod tests {
         let running = job().transition(0, start("i1")).expect("start");
         // Both read revision 1; the sweep commits first.
         let unknown = running
-            .transition(1, Transition::MarkUnknown { invocation_id: "i1".into(), reason: "deadline".into() })
+            .transition(
+                1,
+                Transition::MarkUnknown {
+                    invocation_id: "i1".into(),
+                    reason: "deadline".into(),
+                },
+            )
             .expect("sweep");
-        let late = unknown.transition(1, Transition::Succeed { invocation_id: "i1".into() });
-        assert!(matches!(late, Err(TransitionError::Conflict { expected: 1, actual: 2, .. })));
+        let late = unknown.transition(
+            1,
+            Transition::Succeed {
+                invocation_id: "i1".into(),
+            },
+        );
+        assert!(matches!(
+            late,
+            Err(TransitionError::Conflict {
+                expected: 1,
+                actual: 2,
+                ..
+            })
+        ));
         // Reconcile re-reads and settles it.
-        let settled = unknown.transition(2, Transition::Succeed { invocation_id: "i1".into() }).expect("reconcile");
+        let settled = unknown
+            .transition(
+                2,
+                Transition::Succeed {
+                    invocation_id: "i1".into(),
+                },
+            )
+            .expect("reconcile");
         assert_eq!(settled.status, JobStatus::Succeeded);
     }
 
@@ -254,20 +330,46 @@ mod tests {
     fn results_for_an_old_invocation_are_refused() {
         let failed = job()
             .transition(0, start("i1"))
-            .and_then(|j| j.transition(1, Transition::Fail { invocation_id: "i1".into(), reason: "400".into() }))
+            .and_then(|j| {
+                j.transition(
+                    1,
+                    Transition::Fail {
+                        invocation_id: "i1".into(),
+                        reason: "400".into(),
+                    },
+                )
+            })
             .expect("fail");
-        let pending = failed.transition(2, Transition::Retry { max_attempts: 3 }).expect("retry");
+        let pending = failed
+            .transition(2, Transition::Retry { max_attempts: 3 })
+            .expect("retry");
         let running2 = pending.transition(3, start("i2")).expect("start 2");
         assert_eq!(running2.attempt, 2);
-        let stale = running2.transition(4, Transition::Succeed { invocation_id: "i1".into() });
-        assert!(matches!(stale, Err(TransitionError::StaleInvocation { .. })));
+        let stale = running2.transition(
+            4,
+            Transition::Succeed {
+                invocation_id: "i1".into(),
+            },
+        );
+        assert!(matches!(
+            stale,
+            Err(TransitionError::StaleInvocation { .. })
+        ));
     }
 
     #[test]
     fn retries_stop_at_the_limit_and_unknown_is_never_restarted_blindly() {
         let failed = job()
             .transition(0, start("i1"))
-            .and_then(|j| j.transition(1, Transition::Fail { invocation_id: "i1".into(), reason: "x".into() }))
+            .and_then(|j| {
+                j.transition(
+                    1,
+                    Transition::Fail {
+                        invocation_id: "i1".into(),
+                        reason: "x".into(),
+                    },
+                )
+            })
             .expect("fail");
         assert!(matches!(
             failed.transition(2, Transition::Retry { max_attempts: 1 }),
@@ -275,15 +377,35 @@ mod tests {
         ));
         let unknown = job()
             .transition(0, start("i1"))
-            .and_then(|j| j.transition(1, Transition::MarkUnknown { invocation_id: "i1".into(), reason: "timeout".into() }))
+            .and_then(|j| {
+                j.transition(
+                    1,
+                    Transition::MarkUnknown {
+                        invocation_id: "i1".into(),
+                        reason: "timeout".into(),
+                    },
+                )
+            })
             .expect("unknown");
-        assert!(matches!(unknown.transition(2, start("i2")), Err(TransitionError::NotAllowed { .. })));
-        assert_eq!(unknown.transition(2, Transition::Requeue).map(|j| j.status), Ok(JobStatus::Pending));
+        assert!(matches!(
+            unknown.transition(2, start("i2")),
+            Err(TransitionError::NotAllowed { .. })
+        ));
+        assert_eq!(
+            unknown.transition(2, Transition::Requeue).map(|j| j.status),
+            Ok(JobStatus::Pending)
+        );
     }
 
     #[test]
     fn status_names_round_trip() {
-        for s in [JobStatus::Pending, JobStatus::Running, JobStatus::Succeeded, JobStatus::Failed, JobStatus::Unknown] {
+        for s in [
+            JobStatus::Pending,
+            JobStatus::Running,
+            JobStatus::Succeeded,
+            JobStatus::Failed,
+            JobStatus::Unknown,
+        ] {
             assert_eq!(JobStatus::parse(s.as_str()), Some(s));
         }
         assert_eq!(JobStatus::parse("running"), None);

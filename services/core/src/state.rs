@@ -146,9 +146,14 @@ impl AssetState {
                 }
                 None => FoldOutcome::Unchanged(Stale::NotNewer),
             },
-            EventKind::SnapshotExpired => changed_or(raise(&mut self.expired_through, e.sequence), Stale::NotNewer),
+            EventKind::SnapshotExpired => changed_or(
+                raise(&mut self.expired_through, e.sequence),
+                Stale::NotNewer,
+            ),
             // Their facts (watermark, schema id) were folded above.
-            EventKind::WatermarkAdvanced | EventKind::SchemaChanged => FoldOutcome::Unchanged(Stale::NotNewer),
+            EventKind::WatermarkAdvanced | EventKind::SchemaChanged => {
+                FoldOutcome::Unchanged(Stale::NotNewer)
+            }
         };
         match kind_outcome {
             FoldOutcome::Changed => FoldOutcome::Changed,
@@ -185,7 +190,13 @@ impl AssetState {
             return FoldOutcome::Changed;
         }
         let full = self.recent.len() >= RECENT_COMMITS;
-        if full && self.recent.keys().next().is_some_and(|&min| e.sequence < min) {
+        if full
+            && self
+                .recent
+                .keys()
+                .next()
+                .is_some_and(|&min| e.sequence < min)
+        {
             return FoldOutcome::Unchanged(Stale::TooLate);
         }
         let info = CommitInfo {
@@ -209,10 +220,19 @@ impl AssetState {
     }
 
     fn refresh_latest(&mut self, info: &CommitInfo) {
-        if self.latest.as_ref().is_none_or(|l| info.sequence >= l.sequence) {
+        if self
+            .latest
+            .as_ref()
+            .is_none_or(|l| info.sequence >= l.sequence)
+        {
             self.latest = Some(info.clone());
         }
-        if info.operation.changes_data() && self.latest_data.as_ref().is_none_or(|l| info.sequence >= l.sequence) {
+        if info.operation.changes_data()
+            && self
+                .latest_data
+                .as_ref()
+                .is_none_or(|l| info.sequence >= l.sequence)
+        {
             self.latest_data = Some(info.clone());
         }
     }
@@ -262,7 +282,14 @@ mod tests {
     }
 
     fn commit(seq: i64) -> AssetEvent {
-        let mut e = AssetEvent::committed(key(), TableFormat::Paimon, seq * 10, seq, 1_000 + seq, EventSource::Poll);
+        let mut e = AssetEvent::committed(
+            key(),
+            TableFormat::Paimon,
+            seq * 10,
+            seq,
+            1_000 + seq,
+            EventSource::Poll,
+        );
         e.partitions = vec![format!("dt=2026-12-{:02}", seq % 28 + 1)];
         e
     }
@@ -271,8 +298,15 @@ mod tests {
     fn newer_commit_advances_and_older_is_recorded_once() {
         let mut s = AssetState::new(key(), TableFormat::Paimon);
         assert_eq!(s.apply(&commit(2)), FoldOutcome::Changed);
-        assert_eq!(s.apply(&commit(2)), FoldOutcome::Unchanged(Stale::Duplicate));
-        assert_eq!(s.apply(&commit(1)), FoldOutcome::Changed, "late but within the window");
+        assert_eq!(
+            s.apply(&commit(2)),
+            FoldOutcome::Unchanged(Stale::Duplicate)
+        );
+        assert_eq!(
+            s.apply(&commit(1)),
+            FoldOutcome::Changed,
+            "late but within the window"
+        );
         assert_eq!(s.latest.as_ref().map(|c| c.sequence), Some(2));
         assert_eq!(s.commit_count, 2);
     }
@@ -292,14 +326,30 @@ mod tests {
     #[test]
     fn watermark_and_expiry_never_move_back() {
         let mut s = AssetState::new(key(), TableFormat::Paimon);
-        let mut w = AssetEvent::new(key(), TableFormat::Paimon, EventKind::WatermarkAdvanced, 0, 0, 0, EventSource::Push);
+        let mut w = AssetEvent::new(
+            key(),
+            TableFormat::Paimon,
+            EventKind::WatermarkAdvanced,
+            0,
+            0,
+            0,
+            EventSource::Push,
+        );
         w.watermark_ms = Some(500);
         assert_eq!(s.apply(&w), FoldOutcome::Changed);
         w.watermark_ms = Some(400);
         assert_eq!(s.apply(&w), FoldOutcome::Unchanged(Stale::NotNewer));
         assert_eq!(s.watermark_ms, Some(500));
         s.apply(&commit(5));
-        let exp = AssetEvent::new(key(), TableFormat::Paimon, EventKind::SnapshotExpired, 30, 3, 0, EventSource::Poll);
+        let exp = AssetEvent::new(
+            key(),
+            TableFormat::Paimon,
+            EventKind::SnapshotExpired,
+            30,
+            3,
+            0,
+            EventSource::Poll,
+        );
         assert_eq!(s.apply(&exp), FoldOutcome::Changed);
         assert_eq!(s.latest.as_ref().map(|c| c.sequence), Some(5));
         assert_eq!(s.expired_through, Some(3));
@@ -317,8 +367,14 @@ mod tests {
 
     #[test]
     fn an_event_for_another_asset_is_refused() {
-        let mut s = AssetState::new(AssetKey::parse("a.b.c").expect("valid"), TableFormat::Paimon);
-        assert_eq!(s.apply(&commit(1)), FoldOutcome::Unchanged(Stale::WrongAsset));
+        let mut s = AssetState::new(
+            AssetKey::parse("a.b.c").expect("valid"),
+            TableFormat::Paimon,
+        );
+        assert_eq!(
+            s.apply(&commit(1)),
+            FoldOutcome::Unchanged(Stale::WrongAsset)
+        );
     }
 
     fn arb_event() -> impl Strategy<Value = AssetEvent> {
@@ -340,12 +396,26 @@ mod tests {
                     EventKind::WatermarkAdvanced,
                     EventKind::SnapshotExpired,
                 ][kind];
-                let mut e = AssetEvent::new(key(), TableFormat::Paimon, kind, seq * 10, seq, t, EventSource::Poll);
+                let mut e = AssetEvent::new(
+                    key(),
+                    TableFormat::Paimon,
+                    kind,
+                    seq * 10,
+                    seq,
+                    t,
+                    EventSource::Poll,
+                );
                 e.watermark_ms = wm;
                 e.schema_id = schema;
                 e.partitions = parts.into_iter().map(|p| format!("p={p}")).collect();
                 e.operation = [Operation::Append, Operation::Compact, Operation::Overwrite][op];
-                e.quality = Some([QualityStatus::Passed, QualityStatus::Warned, QualityStatus::Failed][q]);
+                e.quality = Some(
+                    [
+                        QualityStatus::Passed,
+                        QualityStatus::Warned,
+                        QualityStatus::Failed,
+                    ][q],
+                );
                 e
             })
     }

@@ -54,7 +54,9 @@ impl TriggerKey {
                 sorted.dedup();
                 c.str("snapshots").i64(sorted.len() as i64);
                 for i in sorted {
-                    c.str(i.asset_key.as_str()).i64(i.snapshot_id).i64(i.sequence);
+                    c.str(i.asset_key.as_str())
+                        .i64(i.snapshot_id)
+                        .i64(i.sequence);
                 }
             }
             TriggerBasis::Partition(p) => {
@@ -113,25 +115,51 @@ mod tests {
             "tk1-c90b8a6ff80fe66069651ca4bf00aeee"
         );
         assert_eq!(
-            TriggerKey::derive("hudi:compaction", "lake.dwd.fact", &TriggerBasis::Partition("dt=2026-12-01".into())).as_str(),
+            TriggerKey::derive(
+                "hudi:compaction",
+                "lake.dwd.fact",
+                &TriggerBasis::Partition("dt=2026-12-01".into())
+            )
+            .as_str(),
             "tk1-c30747131555dc49d3a7a521c8f16218"
         );
         assert_eq!(
-            TriggerKey::derive("webhook:gmv", "gmv-hourly", &TriggerBasis::Window { end_ms: 1_764_633_600_000 }).as_str(),
+            TriggerKey::derive(
+                "webhook:gmv",
+                "gmv-hourly",
+                &TriggerBasis::Window {
+                    end_ms: 1_764_633_600_000
+                }
+            )
+            .as_str(),
             "tk1-c936e9ebef7b964f294ea7047d0a65a2"
         );
     }
 
     #[test]
     fn input_order_does_not_matter_but_every_field_does() {
-        let TriggerBasis::Snapshots(mut inputs) = gmv() else { unreachable!() };
+        let TriggerBasis::Snapshots(mut inputs) = gmv() else {
+            unreachable!()
+        };
         let a = TriggerKey::derive("t", "g", &TriggerBasis::Snapshots(inputs.clone()));
         inputs.reverse();
-        assert_eq!(a, TriggerKey::derive("t", "g", &TriggerBasis::Snapshots(inputs.clone())));
-        assert_ne!(a, TriggerKey::derive("t", "g2", &TriggerBasis::Snapshots(inputs.clone())));
-        assert_ne!(a, TriggerKey::derive("t2", "g", &TriggerBasis::Snapshots(inputs.clone())));
+        assert_eq!(
+            a,
+            TriggerKey::derive("t", "g", &TriggerBasis::Snapshots(inputs.clone()))
+        );
+        assert_ne!(
+            a,
+            TriggerKey::derive("t", "g2", &TriggerBasis::Snapshots(inputs.clone()))
+        );
+        assert_ne!(
+            a,
+            TriggerKey::derive("t2", "g", &TriggerBasis::Snapshots(inputs.clone()))
+        );
         inputs[0].snapshot_id += 1;
-        assert_ne!(a, TriggerKey::derive("t", "g", &TriggerBasis::Snapshots(inputs)));
+        assert_ne!(
+            a,
+            TriggerKey::derive("t", "g", &TriggerBasis::Snapshots(inputs))
+        );
         // Field boundaries are unambiguous.
         assert_ne!(
             TriggerKey::derive("ab", "c", &TriggerBasis::Partition("x".into())),

@@ -91,10 +91,11 @@ pub async fn connect(options: &Options, shutdown: &Shutdown) -> Result<PgPool, E
 
 /// Registers this instance and returns its epoch: every lease it takes names it.
 pub async fn take_epoch(pool: &PgPool, instance: &str) -> Result<i64, Error> {
-    let epoch: i64 = sqlx::query_scalar("INSERT INTO dispatcher_epochs (instance) VALUES ($1) RETURNING epoch")
-        .bind(instance)
-        .fetch_one(pool)
-        .await?;
+    let epoch: i64 =
+        sqlx::query_scalar("INSERT INTO dispatcher_epochs (instance) VALUES ($1) RETURNING epoch")
+            .bind(instance)
+            .fetch_one(pool)
+            .await?;
     Ok(epoch)
 }
 

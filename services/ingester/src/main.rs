@@ -3,5 +3,9 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    sluice_kit::service::main(sluice_ingester::Options::from_env, |o| &o.common, sluice_ingester::run)
+    sluice_kit::service::main(
+        sluice_ingester::Options::from_env,
+        |o| &o.common,
+        sluice_ingester::run,
+    )
 }

@@ -52,7 +52,10 @@ pub async fn serve(
     let app = router(health, install_metrics());
     let task = tokio::spawn(async move {
         let stopped = shutdown.wait_stopped();
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
             tracing::error!(error = %e, "admin server failed");
         }
     });
@@ -77,7 +80,10 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
 
 async fn render(State(s): State<AdminState>) -> impl IntoResponse {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
         s.metrics.render(),
     )
 }

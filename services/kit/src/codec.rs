@@ -17,17 +17,17 @@
 
 use std::io::Cursor;
 
+use apache_avro::Schema;
 use apache_avro::rabin::Rabin;
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
-use apache_avro::Schema;
 use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
 use schema_registry_converter::async_impl::schema_registry::SrSettings;
 use schema_registry_converter::avro_common::get_supplied_schema;
 use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::schemas::SchemaName;
 
@@ -53,13 +53,25 @@ pub enum CodecError {
         schema: &'static str,
     },
     #[error("payload does not decode as {schema}: {message}")]
-    Datum { schema: &'static str, message: String },
+    Datum {
+        schema: &'static str,
+        message: String,
+    },
     #[error("{trailing} byte(s) left over after a complete {schema} record")]
-    Trailing { schema: &'static str, trailing: usize },
+    Trailing {
+        schema: &'static str,
+        trailing: usize,
+    },
     #[error("decoded {schema} does not map to the expected type: {message}")]
-    Shape { schema: &'static str, message: String },
+    Shape {
+        schema: &'static str,
+        message: String,
+    },
     #[error("value does not fit schema {schema}: {message}")]
-    Encode { schema: &'static str, message: String },
+    Encode {
+        schema: &'static str,
+        message: String,
+    },
     #[error("schema registry: {message}")]
     Registry { message: String, retriable: bool },
 }
@@ -67,7 +79,13 @@ pub enum CodecError {
 impl CodecError {
     /// True when the same bytes may decode later (a registry outage), false for bad bytes.
     pub fn is_retriable(&self) -> bool {
-        matches!(self, CodecError::Registry { retriable: true, .. })
+        matches!(
+            self,
+            CodecError::Registry {
+                retriable: true,
+                ..
+            }
+        )
     }
 }
 
@@ -99,7 +117,12 @@ impl Codec {
         }
     }
 
-    pub async fn encode<T: Serialize>(&self, name: SchemaName, topic: &str, value: &T) -> Result<Vec<u8>, CodecError> {
+    pub async fn encode<T: Serialize>(
+        &self,
+        name: SchemaName,
+        topic: &str,
+        value: &T,
+    ) -> Result<Vec<u8>, CodecError> {
         let avro = to_avro(name, value)?;
         match self {
             Codec::SingleObject => encode_single_object(name, avro),
@@ -109,23 +132,37 @@ impl Codec {
                     false,
                     get_supplied_schema(name.schema()),
                 );
-                r.encoder.encode_value(avro, &strategy).await.map_err(registry_error)
+                r.encoder
+                    .encode_value(avro, &strategy)
+                    .await
+                    .map_err(registry_error)
             }
         }
     }
 
-    pub async fn decode<T: DeserializeOwned>(&self, name: SchemaName, bytes: &[u8]) -> Result<T, CodecError> {
+    pub async fn decode<T: DeserializeOwned>(
+        &self,
+        name: SchemaName,
+        bytes: &[u8],
+    ) -> Result<T, CodecError> {
         let value = match self {
             Codec::SingleObject => decode_single_object(name, bytes)?,
             Codec::Registry(r) => {
                 check_confluent_header(bytes)?;
-                let decoded = r.decoder.decode(Some(bytes)).await.map_err(registry_error)?;
+                let decoded = r
+                    .decoder
+                    .decode(Some(bytes))
+                    .await
+                    .map_err(registry_error)?;
                 // The writer schema came from the registry; resolve it into ours so a
                 // record of another schema is refused instead of half-read.
-                decoded.value.resolve(name.schema()).map_err(|e| CodecError::Shape {
-                    schema: name.file_stem(),
-                    message: e.to_string(),
-                })?
+                decoded
+                    .value
+                    .resolve(name.schema())
+                    .map_err(|e| CodecError::Shape {
+                        schema: name.file_stem(),
+                        message: e.to_string(),
+                    })?
             }
         };
         from_avro(name, &value)
@@ -146,7 +183,10 @@ fn check_confluent_header(bytes: &[u8]) -> Result<(), CodecError> {
             found: vec![*m],
             expected: vec![CONFLUENT_MAGIC],
         }),
-        b if b.len() < 5 => Err(CodecError::Truncated { len: b.len(), need: 5 }),
+        b if b.len() < 5 => Err(CodecError::Truncated {
+            len: b.len(),
+            need: 5,
+        }),
         _ => Ok(()),
     }
 }
@@ -177,7 +217,11 @@ pub fn from_avro<T: DeserializeOwned>(name: SchemaName, value: &Value) -> Result
     })
 }
 
-pub fn encode_datum(schema: &Schema, value: Value, stem: &'static str) -> Result<Vec<u8>, CodecError> {
+pub fn encode_datum(
+    schema: &Schema,
+    value: Value,
+    stem: &'static str,
+) -> Result<Vec<u8>, CodecError> {
     let err = |e: apache_avro::Error| CodecError::Encode {
         schema: stem,
         message: e.to_string(),
@@ -189,16 +233,27 @@ pub fn encode_datum(schema: &Schema, value: Value, stem: &'static str) -> Result
         .map_err(err)
 }
 
-pub fn decode_datum(schema: &Schema, bytes: &[u8], stem: &'static str) -> Result<Value, CodecError> {
+pub fn decode_datum(
+    schema: &Schema,
+    bytes: &[u8],
+    stem: &'static str,
+) -> Result<Value, CodecError> {
     let err = |e: apache_avro::Error| CodecError::Datum {
         schema: stem,
         message: e.to_string(),
     };
     let mut cursor = Cursor::new(bytes);
-    let value = GenericDatumReader::builder(schema).build().map_err(err)?.read_value(&mut cursor).map_err(err)?;
+    let value = GenericDatumReader::builder(schema)
+        .build()
+        .map_err(err)?
+        .read_value(&mut cursor)
+        .map_err(err)?;
     let trailing = bytes.len() - usize::try_from(cursor.position()).unwrap_or(bytes.len());
     if trailing > 0 {
-        return Err(CodecError::Trailing { schema: stem, trailing });
+        return Err(CodecError::Trailing {
+            schema: stem,
+            trailing,
+        });
     }
     Ok(value)
 }
@@ -224,7 +279,10 @@ fn decode_single_object(name: SchemaName, bytes: &[u8]) -> Result<Value, CodecEr
         });
     }
     if bytes.len() < 10 {
-        return Err(CodecError::Truncated { len: bytes.len(), need: 10 });
+        return Err(CodecError::Truncated {
+            len: bytes.len(),
+            need: 10,
+        });
     }
     let expected = fingerprint(name);
     if bytes[2..10] != expected {

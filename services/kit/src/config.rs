@@ -56,15 +56,23 @@ impl Env {
     }
 
     /// From explicit pairs (tests).
-    pub fn from_map<K: Into<String>, V: Into<String>>(vars: impl IntoIterator<Item = (K, V)>) -> Self {
+    pub fn from_map<K: Into<String>, V: Into<String>>(
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
         Env {
-            vars: vars.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            vars: vars
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
             errors: Vec::new(),
         }
     }
 
     pub fn string(&mut self, name: &str, default: &str) -> String {
-        self.vars.get(name).cloned().unwrap_or_else(|| default.to_owned())
+        self.vars
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| default.to_owned())
     }
 
     pub fn optional(&mut self, name: &str) -> Option<String> {
@@ -113,7 +121,8 @@ impl Env {
         match raw.parse() {
             Ok(a) => a,
             Err(e) => {
-                self.errors.push(format!("{name}={raw:?}: not a socket address ({e})"));
+                self.errors
+                    .push(format!("{name}={raw:?}: not a socket address ({e})"));
                 SocketAddr::from(([127, 0, 0, 1], 0))
             }
         }
@@ -123,7 +132,10 @@ impl Env {
     pub fn with_prefix(&self, prefix: &str) -> BTreeMap<String, String> {
         self.vars
             .iter()
-            .filter_map(|(k, v)| k.strip_prefix(prefix).map(|rest| (rest.to_owned(), v.clone())))
+            .filter_map(|(k, v)| {
+                k.strip_prefix(prefix)
+                    .map(|rest| (rest.to_owned(), v.clone()))
+            })
             .collect()
     }
 
@@ -155,7 +167,9 @@ impl FromStr for LogFormat {
         match s {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            other => Err(format!("unknown log format {other:?}; expected text or json")),
+            other => Err(format!(
+                "unknown log format {other:?}; expected text or json"
+            )),
         }
     }
 }
@@ -179,8 +193,14 @@ pub struct Common {
 impl Common {
     pub fn read(env: &mut Env, service: &'static str, default_admin: &str) -> Common {
         let instance = env.string("SLUICE_INSTANCE", "0");
-        if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            env.problem(format!("SLUICE_INSTANCE={instance:?}: use letters, digits, '-' or '_'"));
+        if instance.is_empty()
+            || !instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            env.problem(format!(
+                "SLUICE_INSTANCE={instance:?}: use letters, digits, '-' or '_'"
+            ));
         }
         let kafka = crate::kafka::KafkaOptions::read(env);
         let topics = crate::topics::TopicNames::read(env);
@@ -204,7 +224,11 @@ mod tests {
 
     #[test]
     fn collects_every_problem() {
-        let mut env = Env::from_map([("SLUICE_X", "abc"), ("SLUICE_ADDR", "nope"), ("SLUICE_LOG_FORMAT", "xml")]);
+        let mut env = Env::from_map([
+            ("SLUICE_X", "abc"),
+            ("SLUICE_ADDR", "nope"),
+            ("SLUICE_LOG_FORMAT", "xml"),
+        ]);
         let _: u32 = env.parse("SLUICE_X", 1);
         let _ = env.addr("SLUICE_ADDR", "127.0.0.1:1");
         let _: LogFormat = env.parse("SLUICE_LOG_FORMAT", LogFormat::Text);

@@ -24,7 +24,12 @@ pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> O
                 .collect()
         })
         .unwrap_or_default();
-    headers.extend(origin_headers(msg.topic(), msg.partition(), msg.offset(), error));
+    headers.extend(origin_headers(
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        error,
+    ));
     Output {
         topic: dlq_topic.to_owned(),
         key: msg.key().unwrap_or_default().to_vec(),
@@ -35,7 +40,13 @@ pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> O
 
 /// Origin headers for a record that did not come from Kafka (HTTP, a poller): `source`
 /// names the entry point, partition and offset are -1.
-pub fn dead_letter_from(dlq_topic: &str, source: &str, key: &[u8], payload: &[u8], error: &str) -> Output {
+pub fn dead_letter_from(
+    dlq_topic: &str,
+    source: &str,
+    key: &[u8],
+    payload: &[u8],
+    error: &str,
+) -> Output {
     let mut headers = origin_headers(source, -1, -1, error);
     headers.push((HEADER_SOURCE.to_owned(), source.as_bytes().to_vec()));
     Output {
@@ -49,7 +60,10 @@ pub fn dead_letter_from(dlq_topic: &str, source: &str, key: &[u8], payload: &[u8
 fn origin_headers(topic: &str, partition: i32, offset: i64, error: &str) -> Vec<(String, Vec<u8>)> {
     vec![
         (HEADER_TOPIC.to_owned(), topic.as_bytes().to_vec()),
-        (HEADER_PARTITION.to_owned(), partition.to_string().into_bytes()),
+        (
+            HEADER_PARTITION.to_owned(),
+            partition.to_string().into_bytes(),
+        ),
         (HEADER_OFFSET.to_owned(), offset.to_string().into_bytes()),
         (HEADER_ERROR.to_owned(), error.as_bytes().to_vec()),
     ]

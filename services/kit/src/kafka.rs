@@ -78,7 +78,11 @@ impl KafkaOptions {
 
     /// A transactional producer. `transactional_id` must be stable per input
     /// partition set / instance, so a restarted instance fences its zombie.
-    pub fn transactional_producer_config(&self, client_id: &str, transactional_id: &str) -> ClientConfig {
+    pub fn transactional_producer_config(
+        &self,
+        client_id: &str,
+        transactional_id: &str,
+    ) -> ClientConfig {
         let mut c = self.producer_config(client_id);
         // librdkafka requires message.timeout.ms <= transaction.timeout.ms.
         c.set("transactional.id", transactional_id)
@@ -114,7 +118,10 @@ impl KafkaOptions {
     }
 
     pub fn admin(&self, client_id: &str) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
-        AdminClient::from_config_and_context(&self.finish(self.base(client_id)), DefaultClientContext)
+        AdminClient::from_config_and_context(
+            &self.finish(self.base(client_id)),
+            DefaultClientContext,
+        )
     }
 }
 

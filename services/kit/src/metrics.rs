@@ -11,9 +11,15 @@ pub const SERVICE_INFO: &str = "sluice_service_info";
 /// Describes the shared metrics (services add their own).
 pub fn describe() {
     metrics::describe_counter!(RECORDS_PROCESSED_TOTAL, "Input records processed, by topic");
-    metrics::describe_counter!(DEAD_LETTERS_TOTAL, "Records sent to the dead-letter topic, by origin topic");
+    metrics::describe_counter!(
+        DEAD_LETTERS_TOTAL,
+        "Records sent to the dead-letter topic, by origin topic"
+    );
     metrics::describe_counter!(TXN_COMMITTED_TOTAL, "Kafka transactions committed");
-    metrics::describe_counter!(TXN_ABORTED_TOTAL, "Kafka transactions aborted (batch replayed)");
+    metrics::describe_counter!(
+        TXN_ABORTED_TOTAL,
+        "Kafka transactions aborted (batch replayed)"
+    );
     metrics::describe_histogram!(TXN_RECORDS, "Input records per committed transaction");
     metrics::describe_gauge!(SERVICE_INFO, "1, labelled with the service and its version");
 }

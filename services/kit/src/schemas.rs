@@ -57,12 +57,16 @@ impl SchemaName {
             SchemaName::ALL
                 .iter()
                 .map(|n| {
-                    Schema::parse_str(n.source())
-                        .unwrap_or_else(|e| panic!("schemas/{}.avsc does not parse: {e}", n.file_stem()))
+                    Schema::parse_str(n.source()).unwrap_or_else(|e| {
+                        panic!("schemas/{}.avsc does not parse: {e}", n.file_stem())
+                    })
                 })
                 .collect()
         });
-        let i = SchemaName::ALL.iter().position(|n| *n == self).unwrap_or_default();
+        let i = SchemaName::ALL
+            .iter()
+            .position(|n| *n == self)
+            .unwrap_or_default();
         &all[i]
     }
 }

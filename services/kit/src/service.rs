@@ -30,7 +30,10 @@ where
     let c = common(&options);
     crate::telemetry::init(c.log_format, &c.log_filter);
     let (service, grace) = (c.service, c.shutdown_grace);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{service}: cannot start the async runtime: {e}");
@@ -45,7 +48,10 @@ where
         tokio::spawn(async move {
             watchdog.wait_stopped().await;
             tokio::time::sleep(grace).await;
-            tracing::error!(grace_ms = grace.as_millis() as u64, "shutdown took longer than the grace period; exiting");
+            tracing::error!(
+                grace_ms = grace.as_millis() as u64,
+                "shutdown took longer than the grace period; exiting"
+            );
             std::process::exit(1);
         });
         run(options, shutdown).await
@@ -85,22 +91,37 @@ pub struct Started {
 
 /// Start-up shared by all services: metrics, admin port, topic bootstrap (retried
 /// while the broker is not reachable yet, refused at once if a topic is misconfigured).
-pub async fn start(common: &Common, topics_needed: &[Topic], shutdown: &Shutdown) -> Result<Started, StartError> {
+pub async fn start(
+    common: &Common,
+    topics_needed: &[Topic],
+    shutdown: &Shutdown,
+) -> Result<Started, StartError> {
     crate::admin::install_metrics();
     metrics::gauge!(crate::metrics::SERVICE_INFO, "service" => common.service, "version" => env!("CARGO_PKG_VERSION"))
         .set(1.0);
     let health = Health::new(Duration::from_secs(30));
-    let (admin_addr, admin_task) = crate::admin::serve(common.admin_addr, health.clone(), shutdown.clone())
-        .await
-        .map_err(|source| StartError::Admin {
-            addr: common.admin_addr,
-            source,
-        })?;
+    let (admin_addr, admin_task) =
+        crate::admin::serve(common.admin_addr, health.clone(), shutdown.clone())
+            .await
+            .map_err(|source| StartError::Admin {
+                addr: common.admin_addr,
+                source,
+            })?;
     tracing::info!(service = common.service, admin = %admin_addr, "admin server listening");
-    let admin = common.kafka.admin(&format!("sluice-{}-{}-admin", common.service, common.instance))?;
+    let admin = common.kafka.admin(&format!(
+        "sluice-{}-{}-admin",
+        common.service, common.instance
+    ))?;
     let mut delay = Duration::from_millis(200);
     loop {
-        match topics::bootstrap(&admin, &common.topics, topics_needed, common.kafka.request_timeout).await {
+        match topics::bootstrap(
+            &admin,
+            &common.topics,
+            topics_needed,
+            common.kafka.request_timeout,
+        )
+        .await
+        {
             Ok(()) => break,
             Err(e @ topics::BootstrapError::NotCompacted { .. }) => return Err(e.into()),
             Err(e) if !shutdown.is_stopping() => {

@@ -87,7 +87,10 @@ impl TopicNames {
             replication_factor: env.parse("SLUICE_TOPIC_REPLICATION_FACTOR", -1),
         };
         if t.partitions < 1 {
-            env.problem(format!("SLUICE_TOPIC_PARTITIONS={} must be at least 1", t.partitions));
+            env.problem(format!(
+                "SLUICE_TOPIC_PARTITIONS={} must be at least 1",
+                t.partitions
+            ));
         }
         if t.replication_factor == 0 || t.replication_factor < -1 {
             env.problem(format!(
@@ -113,7 +116,9 @@ impl TopicNames {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
-    #[error("topic {topic} must be compacted (cleanup.policy contains \"compact\") but has cleanup.policy={found:?}; fix it with kafka-configs --alter --add-config cleanup.policy=compact")]
+    #[error(
+        "topic {topic} must be compacted (cleanup.policy contains \"compact\") but has cleanup.policy={found:?}; fix it with kafka-configs --alter --add-config cleanup.policy=compact"
+    )]
     NotCompacted { topic: String, found: String },
     #[error("creating topic {topic}: {message}")]
     Create { topic: String, message: String },
@@ -130,19 +135,28 @@ pub async fn bootstrap(
     which: &[Topic],
     timeout: Duration,
 ) -> Result<(), BootstrapError> {
-    let opts = AdminOptions::new().operation_timeout(Some(timeout)).request_timeout(Some(timeout));
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(timeout))
+        .request_timeout(Some(timeout));
     let specs: Vec<(String, Vec<(&str, &str)>)> = which
         .iter()
         .map(|t| {
             let mut cfg = t.configs();
-            cfg.push(("cleanup.policy", if t.compacted() { "compact" } else { "delete" }));
+            cfg.push((
+                "cleanup.policy",
+                if t.compacted() { "compact" } else { "delete" },
+            ));
             (names.name(*t), cfg)
         })
         .collect();
     let new_topics: Vec<NewTopic<'_>> = specs
         .iter()
         .map(|(name, cfg)| {
-            let mut nt = NewTopic::new(name, names.partitions, TopicReplication::Fixed(names.replication_factor));
+            let mut nt = NewTopic::new(
+                name,
+                names.partitions,
+                TopicReplication::Fixed(names.replication_factor),
+            );
             for (k, v) in cfg {
                 nt = nt.set(k, v);
             }
@@ -161,23 +175,35 @@ pub async fn bootstrap(
             }
         }
     }
-    let resources: Vec<ResourceSpecifier<'_>> = specs.iter().map(|(n, _)| ResourceSpecifier::Topic(n)).collect();
+    let resources: Vec<ResourceSpecifier<'_>> = specs
+        .iter()
+        .map(|(n, _)| ResourceSpecifier::Topic(n))
+        .collect();
     // A topic created a moment ago may not report its configs yet: ask again until
     // every policy is known or the timeout passes.
     let started = std::time::Instant::now();
     loop {
         let mut unknown = None;
-        for (t, described) in which.iter().zip(admin.describe_configs(&resources, &opts).await?) {
+        for (t, described) in which
+            .iter()
+            .zip(admin.describe_configs(&resources, &opts).await?)
+        {
             let topic = names.name(*t);
             let described = described.map_err(|code| BootstrapError::Describe {
                 topic: topic.clone(),
                 message: code.to_string(),
             })?;
-            let policy = described.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default();
+            let policy = described
+                .get("cleanup.policy")
+                .and_then(|e| e.value.clone())
+                .unwrap_or_default();
             if policy.is_empty() {
                 unknown = Some(topic);
             } else if t.compacted() && !policy.split(',').any(|p| p.trim() == "compact") {
-                return Err(BootstrapError::NotCompacted { topic, found: policy });
+                return Err(BootstrapError::NotCompacted {
+                    topic,
+                    found: policy,
+                });
             }
         }
         match unknown {
@@ -185,7 +211,10 @@ pub async fn bootstrap(
             Some(topic) if started.elapsed() >= timeout => {
                 return Err(BootstrapError::Describe {
                     topic,
-                    message: format!("cleanup.policy still unknown after {} ms", timeout.as_millis()),
+                    message: format!(
+                        "cleanup.policy still unknown after {} ms",
+                        timeout.as_millis()
+                    ),
                 });
             }
             Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,

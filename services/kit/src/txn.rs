@@ -126,7 +126,9 @@ impl ClientContext for LoopContext {}
 
 impl ConsumerContext for LoopContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Ok(mut guard) = self.open.lock() else { return };
+        let Ok(mut guard) = self.open.lock() else {
+            return;
+        };
         let Some(open) = guard.as_mut() else { return };
         if let Rebalance::Revoke(tpl) = rebalance {
             if let Some(offsets) = open.offsets.take() {
@@ -134,7 +136,10 @@ impl ConsumerContext for LoopContext {
                 let outcome = consumer
                     .group_metadata()
                     .ok_or(KafkaError::Subscription("no group metadata".into()))
-                    .and_then(|cgm| open.producer.send_offsets_to_transaction(&offsets, &cgm, open.timeout))
+                    .and_then(|cgm| {
+                        open.producer
+                            .send_offsets_to_transaction(&offsets, &cgm, open.timeout)
+                    })
                     .and_then(|()| open.producer.commit_transaction(open.timeout));
                 let event = match outcome {
                     Ok(()) => Event::Committed,
@@ -150,7 +155,9 @@ impl ConsumerContext for LoopContext {
     }
 
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Ok(mut guard) = self.open.lock() else { return };
+        let Ok(mut guard) = self.open.lock() else {
+            return;
+        };
         let Some(open) = guard.as_mut() else { return };
         if let Rebalance::Assign(tpl) = rebalance {
             open.events.push(Event::Assigned(partitions(tpl)));
@@ -159,15 +166,18 @@ impl ConsumerContext for LoopContext {
 }
 
 fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
-    tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
 }
 
 /// Aborts after `cause`; a fatal cause or a failed abort is returned as fatal.
 fn abort(producer: &BaseProducer, timeout: Duration, cause: &KafkaError) -> Result<(), String> {
-    if let KafkaError::Transaction(e) = cause {
-        if e.is_fatal() {
-            return Err(format!("fatal transaction error: {cause}"));
-        }
+    if let KafkaError::Transaction(e) = cause
+        && e.is_fatal()
+    {
+        return Err(format!("fatal transaction error: {cause}"));
     }
     producer
         .abort_transaction(timeout)
@@ -257,14 +267,24 @@ impl<P: Processor> TxnLoop<P> {
     }
 
     fn set_open_offsets(&self, offsets: Option<TopicPartitionList>) {
-        let mut guard = self.consumer.context().open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self
+            .consumer
+            .context()
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some(o) = guard.as_mut() {
             o.offsets = offsets;
         }
     }
 
     fn open_offsets_taken(&self) -> bool {
-        let guard = self.consumer.context().open.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = self
+            .consumer
+            .context()
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         guard.as_ref().is_none_or(|o| o.offsets.is_none())
     }
 
@@ -273,10 +293,16 @@ impl<P: Processor> TxnLoop<P> {
         let mut offsets = TopicPartitionList::new();
         let mut open = false;
         let mut records = 0usize;
-        while records < self.options.max_records && started.elapsed() < self.options.max_batch_time {
+        while records < self.options.max_records && started.elapsed() < self.options.max_batch_time
+        {
             self.health.beat();
             let polled = self.consumer.poll(Duration::from_millis(50));
-            if handle_events(&self.consumer, &mut self.processor, self.options.request_timeout)? && open {
+            if handle_events(
+                &self.consumer,
+                &mut self.processor,
+                self.options.request_timeout,
+            )? && open
+            {
                 // The rebalance committed (or aborted and rewound) our transaction.
                 return Ok(());
             }
@@ -300,7 +326,8 @@ impl<P: Processor> TxnLoop<P> {
             let outputs = match self.processor.process(&input(&msg)) {
                 Ok(outs) => outs,
                 Err(ProcessError::Poison(reason)) => {
-                    metrics::counter!(m::DEAD_LETTERS_TOTAL, "topic" => msg.topic().to_owned()).increment(1);
+                    metrics::counter!(m::DEAD_LETTERS_TOTAL, "topic" => msg.topic().to_owned())
+                        .increment(1);
                     tracing::warn!(
                         topic = msg.topic(),
                         partition = msg.partition(),
@@ -308,14 +335,28 @@ impl<P: Processor> TxnLoop<P> {
                         error = %reason,
                         "record dead-lettered"
                     );
-                    vec![dlq::dead_letter(&self.options.dead_letter_topic, &msg, &reason)]
+                    vec![dlq::dead_letter(
+                        &self.options.dead_letter_topic,
+                        &msg,
+                        &reason,
+                    )]
                 }
                 Err(ProcessError::Retriable(why)) => {
-                    abort_open(&self.producer, &mut self.processor, self.consumer.context(), self.options.request_timeout)?;
+                    abort_open(
+                        &self.producer,
+                        &mut self.processor,
+                        self.consumer.context(),
+                        self.options.request_timeout,
+                    )?;
                     return Err(BatchError::Retry(why));
                 }
                 Err(ProcessError::Fatal(why)) => {
-                    let _ = abort_open(&self.producer, &mut self.processor, self.consumer.context(), self.options.request_timeout);
+                    let _ = abort_open(
+                        &self.producer,
+                        &mut self.processor,
+                        self.consumer.context(),
+                        self.options.request_timeout,
+                    );
                     return Err(BatchError::Fatal(Error::Fatal(why)));
                 }
             };
@@ -323,11 +364,16 @@ impl<P: Processor> TxnLoop<P> {
                 self.send(out)?;
             }
             offsets
-                .add_partition_offset(msg.topic(), msg.partition(), Offset::Offset(msg.offset() + 1))
+                .add_partition_offset(
+                    msg.topic(),
+                    msg.partition(),
+                    Offset::Offset(msg.offset() + 1),
+                )
                 .map_err(|e| BatchError::Fatal(e.into()))?;
             self.set_open_offsets(Some(offsets.clone()));
             records += 1;
-            metrics::counter!(m::RECORDS_PROCESSED_TOTAL, "topic" => msg.topic().to_owned()).increment(1);
+            metrics::counter!(m::RECORDS_PROCESSED_TOTAL, "topic" => msg.topic().to_owned())
+                .increment(1);
         }
         if !open {
             return Ok(());
@@ -341,10 +387,16 @@ impl<P: Processor> TxnLoop<P> {
             .group_metadata()
             .ok_or(KafkaError::Subscription("no group metadata".into()))
             .and_then(|cgm| {
-                self.producer
-                    .send_offsets_to_transaction(&offsets, &cgm, self.options.request_timeout)
+                self.producer.send_offsets_to_transaction(
+                    &offsets,
+                    &cgm,
+                    self.options.request_timeout,
+                )
             })
-            .and_then(|()| self.producer.commit_transaction(self.options.request_timeout));
+            .and_then(|()| {
+                self.producer
+                    .commit_transaction(self.options.request_timeout)
+            });
         match result {
             Ok(()) => {
                 metrics::counter!(m::TXN_COMMITTED_TOTAL).increment(1);
@@ -364,9 +416,14 @@ impl<P: Processor> TxnLoop<P> {
     fn send(&self, out: &Output) -> Result<(), BatchError> {
         let mut headers = OwnedHeaders::new();
         for (k, v) in &out.headers {
-            headers = headers.insert(Header { key: k, value: Some(v) });
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v),
+            });
         }
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic).key(&out.key[..]).headers(headers);
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic)
+            .key(&out.key[..])
+            .headers(headers);
         if let Some(p) = &out.payload {
             record = record.payload(&p[..]);
         }
@@ -382,7 +439,6 @@ impl<P: Processor> TxnLoop<P> {
             }
         }
     }
-
 }
 
 /// Acts on rebalance events. Returns true if the open transaction was closed by them.
@@ -392,8 +448,15 @@ fn handle_events<P: Processor>(
     timeout: Duration,
 ) -> Result<bool, BatchError> {
     let events = {
-        let mut guard = consumer.context().open.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_mut().map(|o| std::mem::take(&mut o.events)).unwrap_or_default()
+        let mut guard = consumer
+            .context()
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        guard
+            .as_mut()
+            .map(|o| std::mem::take(&mut o.events))
+            .unwrap_or_default()
     };
     let mut closed = false;
     for ev in events {
@@ -454,7 +517,9 @@ fn abort_open<P: Processor>(
     if let Some(o) = ctx.open.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
         o.offsets = None;
     }
-    producer.abort_transaction(timeout).map_err(|e| BatchError::Fatal(e.into()))?;
+    producer
+        .abort_transaction(timeout)
+        .map_err(|e| BatchError::Fatal(e.into()))?;
     processor.aborted();
     Ok(())
 }
@@ -474,7 +539,11 @@ fn classify(e: KafkaError) -> BatchError {
 fn input<'a>(msg: &'a BorrowedMessage<'a>) -> Input<'a> {
     let headers = msg
         .headers()
-        .map(|h| h.iter().map(|x| (x.key, x.value.unwrap_or_default())).collect())
+        .map(|h| {
+            h.iter()
+                .map(|x| (x.key, x.value.unwrap_or_default()))
+                .collect()
+        })
         .unwrap_or_default();
     Input {
         topic: msg.topic(),

@@ -86,7 +86,8 @@ impl StateRecord {
 
     /// Back to the core state; a record whose counters went negative is refused.
     pub fn into_state(self) -> Result<(AssetState, i64), String> {
-        let count = |v: i64, what: &str| u64::try_from(v).map_err(|_| format!("{what} is negative ({v})"));
+        let count =
+            |v: i64, what: &str| u64::try_from(v).map_err(|_| format!("{what} is negative ({v})"));
         let schema = match (self.schema_sequence, self.schema_id) {
             (Some(seq), Some(id)) => Some((seq, id)),
             (None, None) => None,

@@ -6,16 +6,22 @@ use apache_avro::Schema;
 use apache_avro::types::Value;
 use proptest::prelude::*;
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
+use sluice_kit::SchemaName;
 use sluice_kit::codec::{self, Codec, CodecError};
 use sluice_kit::wire::StateRecord;
-use sluice_kit::SchemaName;
 
 /// JSON → Avro value, guided by the schema (unions: null, else the first branch that fits).
-fn json_to_avro(json: &serde_json::Value, schema: &Schema, names: &BTreeMap<String, Schema>) -> Result<Value, String> {
+fn json_to_avro(
+    json: &serde_json::Value,
+    schema: &Schema,
+    names: &BTreeMap<String, Schema>,
+) -> Result<Value, String> {
     use serde_json::Value as J;
     match (schema, json) {
         (Schema::Ref { name }, _) => {
-            let s = names.get(&name.fullname(None)).ok_or(format!("unknown ref {name:?}"))?;
+            let s = names
+                .get(&name.fullname(None))
+                .ok_or(format!("unknown ref {name:?}"))?;
             json_to_avro(json, s, names)
         }
         (Schema::Null, J::Null) => Ok(Value::Null),
@@ -24,11 +30,18 @@ fn json_to_avro(json: &serde_json::Value, schema: &Schema, names: &BTreeMap<Stri
         (Schema::Long, J::Number(n)) => Ok(Value::Long(n.as_i64().ok_or("long")?)),
         (Schema::String, J::String(s)) => Ok(Value::String(s.clone())),
         (Schema::Enum(e), J::String(s)) => {
-            let i = e.symbols.iter().position(|x| x == s).ok_or(format!("{s} not in enum"))?;
+            let i = e
+                .symbols
+                .iter()
+                .position(|x| x == s)
+                .ok_or(format!("{s} not in enum"))?;
             Ok(Value::Enum(i as u32, s.clone()))
         }
         (Schema::Array(a), J::Array(items)) => Ok(Value::Array(
-            items.iter().map(|i| json_to_avro(i, &a.items, names)).collect::<Result<_, _>>()?,
+            items
+                .iter()
+                .map(|i| json_to_avro(i, &a.items, names))
+                .collect::<Result<_, _>>()?,
         )),
         (Schema::Map(m), J::Object(o)) => Ok(Value::Map(
             o.iter()
@@ -77,7 +90,11 @@ fn named_types(schema: &Schema, out: &mut BTreeMap<String, Schema>) {
 }
 
 fn example(name: SchemaName) -> serde_json::Value {
-    let path = format!("{}/../../schemas/examples/{}.json", env!("CARGO_MANIFEST_DIR"), name.file_stem());
+    let path = format!(
+        "{}/../../schemas/examples/{}.json",
+        env!("CARGO_MANIFEST_DIR"),
+        name.file_stem()
+    );
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
@@ -99,7 +116,10 @@ fn every_example_fits_its_schema_and_round_trips() {
 #[test]
 fn key_schemas_parse() {
     for stem in ["asset-key", "dependency-id", "trigger-key"] {
-        let path = format!("{}/../../schemas/{stem}.key.avsc", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/../../schemas/{stem}.key.avsc",
+            env!("CARGO_MANIFEST_DIR")
+        );
         let s = Schema::parse_str(&std::fs::read_to_string(path).expect("file")).expect("parses");
         assert_eq!(s, Schema::String);
     }
@@ -107,8 +127,12 @@ fn key_schemas_parse() {
 
 #[test]
 fn the_example_event_decodes_into_the_core_type() {
-    let event: AssetEvent = serde_json::from_value(example(SchemaName::AssetEvent)).expect("core type");
-    assert!(event.id_is_consistent(), "the example's event_id is the derived one");
+    let event: AssetEvent =
+        serde_json::from_value(example(SchemaName::AssetEvent)).expect("core type");
+    assert!(
+        event.id_is_consistent(),
+        "the example's event_id is the derived one"
+    );
 }
 
 fn event() -> AssetEvent {
@@ -130,40 +154,73 @@ fn event() -> AssetEvent {
 async fn single_object_round_trips_core_types() {
     let c = Codec::new(None);
     let e = event();
-    let bytes = c.encode(SchemaName::AssetEvent, "t", &e).await.expect("encode");
+    let bytes = c
+        .encode(SchemaName::AssetEvent, "t", &e)
+        .await
+        .expect("encode");
     assert_eq!(&bytes[..2], &codec::SINGLE_OBJECT_MAGIC);
     assert_eq!(&bytes[2..10], &codec::fingerprint(SchemaName::AssetEvent));
-    let back: AssetEvent = c.decode(SchemaName::AssetEvent, &bytes).await.expect("decode");
+    let back: AssetEvent = c
+        .decode(SchemaName::AssetEvent, &bytes)
+        .await
+        .expect("decode");
     assert_eq!(back, e);
 
     let state = AssetState::fold_all([&e]).expect("state");
     let rec = StateRecord::new(&state, 7);
-    let bytes = c.encode(SchemaName::AssetState, "t", &rec).await.expect("encode");
-    let back: StateRecord = c.decode(SchemaName::AssetState, &bytes).await.expect("decode");
+    let bytes = c
+        .encode(SchemaName::AssetState, "t", &rec)
+        .await
+        .expect("encode");
+    let back: StateRecord = c
+        .decode(SchemaName::AssetState, &bytes)
+        .await
+        .expect("decode");
     assert_eq!(back.clone().into_state().expect("valid"), (state, 7));
 }
 
 #[tokio::test]
 async fn garbage_is_a_typed_error() {
     let c = Codec::new(None);
-    let good = c.encode(SchemaName::AssetEvent, "t", &event()).await.expect("encode");
+    let good = c
+        .encode(SchemaName::AssetEvent, "t", &event())
+        .await
+        .expect("encode");
     let decode = |b: Vec<u8>| {
         let c = &c;
         async move { c.decode::<AssetEvent>(SchemaName::AssetEvent, &b).await }
     };
     assert!(matches!(decode(vec![]).await, Err(CodecError::Empty)));
-    assert!(matches!(decode(vec![0xC3, 0x01, 0x00]).await, Err(CodecError::Truncated { len: 3, .. })));
-    assert!(matches!(decode(vec![0x00, 0x00, 0x00, 0x01, 0x02]).await, Err(CodecError::WrongMagic { .. })));
+    assert!(matches!(
+        decode(vec![0xC3, 0x01, 0x00]).await,
+        Err(CodecError::Truncated { len: 3, .. })
+    ));
+    assert!(matches!(
+        decode(vec![0x00, 0x00, 0x00, 0x01, 0x02]).await,
+        Err(CodecError::WrongMagic { .. })
+    ));
     // A record of another schema: an AssetState where an AssetEvent is expected.
     let state = StateRecord::new(&AssetState::fold_all([&event()]).expect("state"), 1);
-    let other = c.encode(SchemaName::AssetState, "t", &state).await.expect("encode");
-    assert!(matches!(decode(other).await, Err(CodecError::UnknownFingerprint { .. })));
+    let other = c
+        .encode(SchemaName::AssetState, "t", &state)
+        .await
+        .expect("encode");
+    assert!(matches!(
+        decode(other).await,
+        Err(CodecError::UnknownFingerprint { .. })
+    ));
     let mut truncated = good.clone();
     truncated.truncate(good.len() - 3);
-    assert!(matches!(decode(truncated).await, Err(CodecError::Datum { .. })));
+    assert!(matches!(
+        decode(truncated).await,
+        Err(CodecError::Datum { .. })
+    ));
     let mut trailing = good;
     trailing.push(0);
-    assert!(matches!(decode(trailing).await, Err(CodecError::Trailing { .. })));
+    assert!(matches!(
+        decode(trailing).await,
+        Err(CodecError::Trailing { .. })
+    ));
 }
 
 #[test]

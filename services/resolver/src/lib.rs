@@ -8,7 +8,13 @@ use sluice_kit::{Shutdown, Topic};
 pub const SERVICE: &str = "resolver";
 
 /// The topics this service reads or writes; bootstrap creates and checks them.
-pub const TOPICS: &[Topic] = &[Topic::AssetState, Topic::Dependencies, Topic::ResolverProgress, Topic::Triggers, Topic::DeadLetter];
+pub const TOPICS: &[Topic] = &[
+    Topic::AssetState,
+    Topic::Dependencies,
+    Topic::ResolverProgress,
+    Topic::Triggers,
+    Topic::DeadLetter,
+];
 
 #[derive(Clone, Debug)]
 pub struct Options {

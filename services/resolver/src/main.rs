@@ -3,5 +3,9 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    sluice_kit::service::main(sluice_resolver::Options::from_env, |o| &o.common, sluice_resolver::run)
+    sluice_kit::service::main(
+        sluice_resolver::Options::from_env,
+        |o| &o.common,
+        sluice_resolver::run,
+    )
 }

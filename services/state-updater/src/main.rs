@@ -3,5 +3,9 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    sluice_kit::service::main(sluice_state_updater::Options::from_env, |o| &o.common, sluice_state_updater::run)
+    sluice_kit::service::main(
+        sluice_state_updater::Options::from_env,
+        |o| &o.common,
+        sluice_state_updater::run,
+    )
 }
