@@ -23,12 +23,16 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::dlq;
 use crate::health::Health;
 use crate::metrics as m;
+
+/// Polled by its own thread, so delivery reports are served while a commit or an
+/// abort flushes (librdkafka refuses to abort otherwise).
+type TxnProducer = ThreadedProducer<DefaultProducerContext>;
 
 /// One consumed record as a processor sees it.
 pub struct Input<'a> {
@@ -111,7 +115,7 @@ enum Event {
 
 /// The open transaction, shared with the rebalance callback so it can commit it.
 struct Open {
-    producer: Arc<BaseProducer>,
+    producer: Arc<TxnProducer>,
     timeout: Duration,
     /// Next offsets to commit, per (topic, partition); `None` when no transaction is open.
     offsets: Option<TopicPartitionList>,
@@ -173,7 +177,7 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 }
 
 /// Aborts after `cause`; a fatal cause or a failed abort is returned as fatal.
-fn abort(producer: &BaseProducer, timeout: Duration, cause: &KafkaError) -> Result<(), String> {
+fn abort(producer: &TxnProducer, timeout: Duration, cause: &KafkaError) -> Result<(), String> {
     if let KafkaError::Transaction(e) = cause
         && e.is_fatal()
     {
@@ -187,7 +191,7 @@ fn abort(producer: &BaseProducer, timeout: Duration, cause: &KafkaError) -> Resu
 /// A consumer and a transactional producer wired together.
 pub struct TxnLoop<P: Processor> {
     consumer: BaseConsumer<LoopContext>,
-    producer: Arc<BaseProducer>,
+    producer: Arc<TxnProducer>,
     processor: P,
     options: Options,
     health: Health,
@@ -205,7 +209,7 @@ impl<P: Processor> TxnLoop<P> {
         health: Health,
         stop: Arc<AtomicBool>,
     ) -> Result<Self, Error> {
-        let producer: Arc<BaseProducer> = Arc::new(producer_config.create()?);
+        let producer: Arc<TxnProducer> = Arc::new(producer_config.create()?);
         producer.init_transactions(options.request_timeout)?;
         let ctx = LoopContext {
             open: Mutex::new(Some(Open {
@@ -509,7 +513,7 @@ fn rewind(consumer: &BaseConsumer<LoopContext>, timeout: Duration) -> Result<(),
 
 /// Aborts the open transaction after a processor error.
 fn abort_open<P: Processor>(
-    producer: &BaseProducer,
+    producer: &TxnProducer,
     processor: &mut P,
     ctx: &LoopContext,
     timeout: Duration,
