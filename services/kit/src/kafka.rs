@@ -68,7 +68,10 @@ impl KafkaOptions {
     /// An idempotent producer: acks=all, no duplicates on retry, order kept per partition.
     pub fn producer_config(&self, client_id: &str) -> ClientConfig {
         let mut c = self.base(client_id);
+        // murmur2 as the Java client does, so a key lands on the same partition
+        // whichever client wrote it (asset-events and asset-state must co-partition).
         c.set("enable.idempotence", "true")
+            .set("partitioner", "murmur2_random")
             .set("acks", "all")
             .set("linger.ms", "5")
             .set("message.timeout.ms", "120000")

@@ -1,18 +1,34 @@
-//! The state-updater service. Today it starts, checks its topics and serves its admin port;
-//! its work loop lands with the state-updater issue (#4).
+//! The state-updater: folds asset-events into the compacted asset-state topic,
+//! exactly once.
+//!
+//! It runs the shared transactional loop (`sluice_kit::txn`) with the [`fold::Fold`]
+//! processor: each batch's changed states and its consumed offsets commit in one
+//! Kafka transaction, so after any crash the replayed events fold onto exactly the
+//! states that were committed with their offsets, and every published state carries
+//! a per-asset revision that is never repeated and never skipped.
+
+pub mod fold;
+pub mod metrics;
+pub mod restore;
+
+use std::time::Duration;
 
 use sluice_kit::config::{Common, ConfigErrors, Env};
 use sluice_kit::service::{self, StartError};
-use sluice_kit::{Shutdown, Topic};
+use sluice_kit::txn::{self, TxnLoop};
+use sluice_kit::{Codec, Shutdown, Topic};
 
 pub const SERVICE: &str = "state-updater";
 
-/// The topics this service reads or writes; bootstrap creates and checks them.
 pub const TOPICS: &[Topic] = &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter];
 
 #[derive(Clone, Debug)]
 pub struct Options {
     pub common: Common,
+    /// Consumer group of all state-updater instances.
+    pub group_id: String,
+    pub max_batch_records: usize,
+    pub max_batch_time: Duration,
 }
 
 impl Options {
@@ -22,7 +38,21 @@ impl Options {
 
     pub fn read(mut env: Env) -> Result<Self, ConfigErrors> {
         let common = Common::read(&mut env, SERVICE, "127.0.0.1:9102");
-        env.finish(Options { common })
+        let group_id = env.string(
+            "SLUICE_STATE_UPDATER_GROUP",
+            &format!("{}state-updater", common.topics.prefix),
+        );
+        let max_batch_records = env.parse("SLUICE_BATCH_MAX_RECORDS", 5_000usize);
+        let max_batch_time = env.millis("SLUICE_BATCH_MAX_MS", Duration::from_millis(100));
+        if max_batch_records == 0 {
+            env.problem("SLUICE_BATCH_MAX_RECORDS must be at least 1");
+        }
+        env.finish(Options {
+            common,
+            group_id,
+            max_batch_records,
+            max_batch_time,
+        })
     }
 }
 
@@ -30,10 +60,93 @@ impl Options {
 pub enum Error {
     #[error(transparent)]
     Start(#[from] StartError),
+    #[error("transactional loop: {0}")]
+    Loop(#[from] txn::Error),
+    #[error("{0}")]
+    Topology(String),
+    #[error("the work loop panicked: {0}")]
+    Panicked(String),
 }
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
+    metrics::describe();
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
-    started.hold_until_stopped(SERVICE, shutdown).await;
+    let c = &options.common;
+    let events = c.topics.name(Topic::AssetEvents);
+    let states = c.topics.name(Topic::AssetState);
+    check_copartitioned(c, &events, &states)?;
+    let client_id = format!("sluice-{SERVICE}-{}", c.instance);
+    let restorer = restore::Restorer::new(
+        c.kafka.reader_config(&format!("{client_id}-restore")),
+        states.clone(),
+        c.kafka.request_timeout,
+    );
+    let processor = fold::Fold::new(
+        Codec::new(c.schema_registry_url.as_deref()),
+        tokio::runtime::Handle::current(),
+        states,
+        restorer,
+    );
+    let loop_options = txn::Options {
+        group_id: options.group_id.clone(),
+        input_topics: vec![events],
+        dead_letter_topic: c.topics.name(Topic::DeadLetter),
+        max_records: options.max_batch_records,
+        max_batch_time: options.max_batch_time,
+        request_timeout: c.kafka.request_timeout,
+        retry_backoff: Duration::from_millis(200),
+    };
+    // One transactional id per instance: KIP-447 fencing uses the group metadata, and a
+    // restarted instance with the same id fences its zombie.
+    let consumer = c.kafka.consumer_config(&client_id, &options.group_id);
+    let producer = c.kafka.transactional_producer_config(
+        &client_id,
+        &format!("{}{SERVICE}-{}", c.topics.prefix, c.instance),
+    );
+    let health = started.health.clone();
+    let stop = shutdown.flag();
+    let work = tokio::task::spawn_blocking(move || {
+        let l = TxnLoop::new(
+            &consumer,
+            &producer,
+            processor,
+            loop_options,
+            health.clone(),
+            stop,
+        )?;
+        health.set_ready(true);
+        l.run().map(|_| ())
+    });
+    tracing::info!(service = SERVICE, admin = %started.admin_addr, "running");
+    let result = work.await;
+    started.health.set_stopping();
+    shutdown.trigger();
+    let _ = started.admin_task.await;
+    match result {
+        Ok(r) => r.map_err(Error::from),
+        Err(join) => Err(Error::Panicked(join.to_string())),
+    }
+}
+
+/// asset-events partition p restores from asset-state partition p: the counts must match.
+fn check_copartitioned(c: &Common, events: &str, states: &str) -> Result<(), Error> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let probe: BaseConsumer = c
+        .kafka
+        .reader_config("sluice-state-updater-probe")
+        .create()
+        .map_err(|e| Error::Topology(e.to_string()))?;
+    let count = |t: &str| -> Result<usize, Error> {
+        let md = probe
+            .fetch_metadata(Some(t), c.kafka.request_timeout)
+            .map_err(|e| Error::Topology(format!("metadata of {t}: {e}")))?;
+        Ok(md.topics().first().map_or(0, |t| t.partitions().len()))
+    };
+    let (e, s) = (count(events)?, count(states)?);
+    if e != s {
+        return Err(Error::Topology(format!(
+            "{events} has {e} partitions but {states} has {s}: they must be co-partitioned (same count)"
+        )));
+    }
     Ok(())
 }

@@ -1,0 +1,345 @@
+//! The state-updater as a process against the real broker: exactly-once fold under
+//! kill -9, and two instances with a rebalance in the middle of the run.
+//!
+//! The check: the final asset-state equals the pure fold of the input computed here
+//! independently, and per asset the published revisions are exactly 1, 2, …, n where
+//! n is the number of changes the pure fold makes in log order — so no state version
+//! was ever produced twice or skipped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use sluice_core::{
+    AssetEvent, AssetKey, AssetState, EventKind, EventSource, FoldOutcome, Operation, TableFormat,
+};
+use sluice_integration_tests::{bootstrap, free_port, service_binary, unique};
+use sluice_kit::kafka::KafkaOptions;
+use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::wire::StateRecord;
+use sluice_kit::{Codec, SchemaName};
+
+const T: Duration = Duration::from_secs(30);
+const PARTITIONS: i32 = 4;
+
+fn kafka() -> KafkaOptions {
+    KafkaOptions::local(&bootstrap())
+}
+
+/// `assets` × `per_asset` commits, with duplicates and local reordering mixed in,
+/// deterministic from `seed`. Every 7th event also carries a watermark.
+fn workload(assets: usize, per_asset: i64, seed: u64) -> Vec<AssetEvent> {
+    let mut events = Vec::new();
+    for a in 0..assets {
+        let key = AssetKey::parse(&format!("lake.ods.t{a:04}")).expect("valid");
+        for seq in 1..=per_asset {
+            let mut e = AssetEvent::new(
+                key.clone(),
+                TableFormat::Paimon,
+                EventKind::SnapshotCommitted,
+                seq * 100 + 7,
+                seq,
+                1_000 * seq,
+                EventSource::Poll,
+            );
+            e.partitions = vec![format!("dt=2026-12-{:02}", seq % 28 + 1)];
+            e.operation = if seq % 5 == 0 {
+                Operation::Compact
+            } else {
+                Operation::Append
+            };
+            if seq % 7 == 0 {
+                e.watermark_ms = Some(seq * 10);
+            }
+            events.push(e);
+        }
+    }
+    // Shuffle (reorders within and across assets) and duplicate every 10th event.
+    let mut x = seed | 1;
+    for i in (1..events.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        events.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let dups: Vec<AssetEvent> = events.iter().step_by(10).cloned().collect();
+    for (i, d) in dups.into_iter().enumerate() {
+        let at = (i * 37) % events.len();
+        events.insert(at, d);
+    }
+    events
+}
+
+struct Run {
+    names: TopicNames,
+    group: String,
+}
+
+impl Run {
+    async fn new() -> Self {
+        let names = TopicNames::with_prefix(&format!("{}.", unique("su")), PARTITIONS);
+        let admin = kafka().admin("su-test").expect("admin");
+        topics::bootstrap(
+            &admin,
+            &names,
+            &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter],
+            T,
+        )
+        .await
+        .expect("topics");
+        let group = format!("{}state-updater", names.prefix);
+        Run { names, group }
+    }
+
+    async fn produce(&self, events: &[AssetEvent], garbage: usize) {
+        let codec = Codec::new(None);
+        let p: BaseProducer = kafka()
+            .producer_config("su-test")
+            .create()
+            .expect("producer");
+        let topic = self.names.name(Topic::AssetEvents);
+        for e in events {
+            let bytes = codec
+                .encode(SchemaName::AssetEvent, &topic, e)
+                .await
+                .expect("encode");
+            let key = e.asset_key.as_str().to_owned();
+            loop {
+                match p.send(BaseRecord::to(&topic).key(&key).payload(&bytes)) {
+                    Ok(()) => break,
+                    Err((_, _)) => {
+                        p.poll(Duration::from_millis(50));
+                    }
+                }
+            }
+        }
+        for i in 0..garbage {
+            let key = format!("lake.ods.t{i:04}");
+            p.send(
+                BaseRecord::to(&topic)
+                    .key(&key)
+                    .payload(&[0xC3u8, 0x01, 0xFF][..]),
+            )
+            .expect("send garbage");
+        }
+        p.flush(T).expect("flush");
+    }
+
+    fn spawn(&self, instance: &str) -> Child {
+        Command::new(service_binary("sluice-state-updater"))
+            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+            .env("SLUICE_TOPIC_PREFIX", &self.names.prefix)
+            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+            .env("SLUICE_INSTANCE", instance)
+            .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
+            .env("SLUICE_BATCH_MAX_RECORDS", "200")
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn state-updater")
+    }
+
+    /// Offsets the group has committed on asset-events. While a killed instance's
+    /// transaction is still open the broker answers "unstable offset commit": ask again.
+    fn committed(&self) -> i64 {
+        let c: BaseConsumer = kafka()
+            .consumer_config(&unique("probe"), &self.group)
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition(&self.names.name(Topic::AssetEvents), p);
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            match c.committed_offsets(tpl.clone(), T) {
+                Ok(t) => {
+                    return t
+                        .elements()
+                        .iter()
+                        .map(|e| {
+                            if let Offset::Offset(o) = e.offset() {
+                                o
+                            } else {
+                                0
+                            }
+                        })
+                        .sum();
+                }
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "committed offsets unavailable: {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    fn wait_committed(&self, total: i64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.committed() < total {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {total} events committed",
+                self.committed()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Every committed record of a topic, per key in log order.
+    fn read(&self, topic: Topic) -> BTreeMap<String, Vec<Vec<u8>>> {
+        let mut cfg = kafka().reader_config(&unique("reader"));
+        cfg.set("enable.partition.eof", "true");
+        let c: BaseConsumer = cfg.create().expect("reader");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition_offset(&self.names.name(topic), p, Offset::Beginning)
+                .expect("tpl");
+        }
+        c.assign(&tpl).expect("assign");
+        let mut out: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+        let mut eof = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while eof < PARTITIONS && Instant::now() < deadline {
+            match c.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => out
+                    .entry(String::from_utf8_lossy(m.key().unwrap_or_default()).to_string())
+                    .or_default()
+                    .push(m.payload().unwrap_or_default().to_vec()),
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => eof += 1,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Compares asset-state with the pure fold of `events` in per-asset log order.
+    async fn verify(&self, events: &[AssetEvent]) {
+        let mut by_asset: HashMap<&AssetKey, Vec<&AssetEvent>> = HashMap::new();
+        for e in events {
+            by_asset.entry(&e.asset_key).or_default().push(e);
+        }
+        let codec = Codec::new(None);
+        let published = self.read(Topic::AssetState);
+        assert_eq!(published.len(), by_asset.len(), "one state key per asset");
+        let (mut versions, mut mismatched) = (0usize, Vec::new());
+        for (asset, evs) in &by_asset {
+            let mut pure = AssetState::new((*asset).clone(), TableFormat::Paimon);
+            let changes = evs
+                .iter()
+                .filter(|e| pure.apply(e) == FoldOutcome::Changed)
+                .count() as i64;
+            let records = published.get(asset.as_str()).expect("asset published");
+            let mut revisions = Vec::new();
+            let mut last = None;
+            for bytes in records {
+                let rec: StateRecord = codec
+                    .decode(SchemaName::AssetState, bytes)
+                    .await
+                    .expect("state decodes");
+                revisions.push(rec.revision);
+                last = Some(rec);
+            }
+            versions += revisions.len();
+            let expected: Vec<i64> = (1..=changes).collect();
+            assert_eq!(revisions, expected, "{asset}: revisions doubled or skipped");
+            let (state, _) = last.expect("at least one").into_state().expect("valid");
+            if state != pure {
+                mismatched.push(asset.to_string());
+            }
+        }
+        assert!(
+            mismatched.is_empty(),
+            "final state differs from the pure fold for {mismatched:?}"
+        );
+        eprintln!(
+            "verified {} assets, {versions} state versions, 0 doubled, 0 skipped",
+            by_asset.len()
+        );
+    }
+}
+
+fn kill9(child: &mut Child) {
+    child.kill().expect("kill -9");
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_fold_under_repeated_kill_9() {
+    let run = Run::new().await;
+    let events = workload(500, 21, 42);
+    assert!(events.len() >= 10_000, "{} events", events.len());
+    let (early, late) = events.split_at(events.len() * 2 / 3);
+    run.produce(early, 3).await;
+    let mut produced = early.len() as i64 + 3;
+    let mut kills = 0;
+    for round in 0..6 {
+        if round == 3 {
+            // New events for assets whose states must be restored after the kills.
+            run.produce(late, 0).await;
+            produced += late.len() as i64;
+        }
+        let before = run.committed();
+        if before >= produced {
+            break;
+        }
+        let mut child = run.spawn("0");
+        // Kill -9 as soon as this incarnation has committed something: mid-run, with
+        // a batch in flight and states in memory that must come back from asset-state.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while run.committed() <= before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        kill9(&mut child);
+        kills += 1;
+    }
+    let committed_before_final = run.committed();
+    assert!(kills >= 4, "only {kills} kills happened");
+    assert!(
+        committed_before_final < produced,
+        "the kills must interrupt the run, not follow it"
+    );
+    let mut child = run.spawn("0");
+    run.wait_committed(produced, Duration::from_secs(180));
+    kill9(&mut child);
+    eprintln!(
+        "{kills} kill -9 during the run; {committed_before_final} of {produced} events committed before the last start"
+    );
+    run.verify(&events).await;
+    let dead = run.read(Topic::DeadLetter);
+    assert_eq!(
+        dead.values().map(Vec::len).sum::<usize>(),
+        3,
+        "the three garbage records are dead-lettered once each"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_and_a_rebalance_give_the_same_result() {
+    let run = Run::new().await;
+    let events = workload(300, 19, 7);
+    let (first, second) = events.split_at(events.len() / 2);
+    run.produce(first, 0).await;
+    let mut a = run.spawn("a");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.committed() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // b joins while a is mid-run: a cooperative-sticky rebalance hands partitions over.
+    let mut b = run.spawn("b");
+    run.produce(second, 0).await;
+    std::thread::sleep(Duration::from_millis(4000));
+    // b leaves mid-run (crash), a takes its partitions over.
+    kill9(&mut b);
+    run.wait_committed(events.len() as i64, Duration::from_secs(180));
+    kill9(&mut a);
+    run.verify(&events).await;
+}
