@@ -18,7 +18,6 @@
 use std::io::Cursor;
 
 use apache_avro::Schema;
-use apache_avro::rabin::Rabin;
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
@@ -193,10 +192,7 @@ fn check_confluent_header(bytes: &[u8]) -> Result<(), CodecError> {
 
 /// The 8-byte little-endian CRC-64-AVRO fingerprint of a schema's canonical form.
 pub fn fingerprint(name: SchemaName) -> [u8; 8] {
-    let fp = name.schema().fingerprint::<Rabin>();
-    let mut out = [0u8; 8];
-    out.copy_from_slice(&fp.bytes[..8]);
-    out
+    name.compiled().fingerprint
 }
 
 pub fn to_avro<T: Serialize>(name: SchemaName, value: &T) -> Result<Value, CodecError> {
@@ -206,7 +202,7 @@ pub fn to_avro<T: Serialize>(name: SchemaName, value: &T) -> Result<Value, Codec
     };
     apache_avro::to_value(value)
         .map_err(encode_err)?
-        .resolve(name.schema())
+        .resolve_with_names(name.schema(), name.compiled().resolved.get_names())
         .map_err(encode_err)
 }
 
@@ -238,16 +234,27 @@ pub fn decode_datum(
     bytes: &[u8],
     stem: &'static str,
 ) -> Result<Value, CodecError> {
+    let reader = GenericDatumReader::builder(schema)
+        .build()
+        .map_err(|e| CodecError::Datum {
+            schema: stem,
+            message: e.to_string(),
+        })?;
+    read_all(&reader, bytes, stem)
+}
+
+/// One datum that must use every byte.
+fn read_all(
+    reader: &GenericDatumReader<'_>,
+    bytes: &[u8],
+    stem: &'static str,
+) -> Result<Value, CodecError> {
     let err = |e: apache_avro::Error| CodecError::Datum {
         schema: stem,
         message: e.to_string(),
     };
     let mut cursor = Cursor::new(bytes);
-    let value = GenericDatumReader::builder(schema)
-        .build()
-        .map_err(err)?
-        .read_value(&mut cursor)
-        .map_err(err)?;
+    let value = reader.read_value(&mut cursor).map_err(err)?;
     let trailing = bytes.len() - usize::try_from(cursor.position()).unwrap_or(bytes.len());
     if trailing > 0 {
         return Err(CodecError::Trailing {
@@ -259,7 +266,14 @@ pub fn decode_datum(
 }
 
 fn encode_single_object(name: SchemaName, value: Value) -> Result<Vec<u8>, CodecError> {
-    let datum = encode_datum(name.schema(), value, name.file_stem())?;
+    let datum = name
+        .compiled()
+        .writer
+        .write_value_to_vec(value)
+        .map_err(|e| CodecError::Encode {
+            schema: name.file_stem(),
+            message: e.to_string(),
+        })?;
     let mut out = Vec::with_capacity(10 + datum.len());
     out.extend_from_slice(&SINGLE_OBJECT_MAGIC);
     out.extend_from_slice(&fingerprint(name));
@@ -292,7 +306,7 @@ fn decode_single_object(name: SchemaName, bytes: &[u8]) -> Result<Value, CodecEr
             schema: name.file_stem(),
         });
     }
-    decode_datum(name.schema(), &bytes[10..], name.file_stem())
+    read_all(&name.compiled().reader, &bytes[10..], name.file_stem())
 }
 
 fn hex(b: &[u8]) -> String {

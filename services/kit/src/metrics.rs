@@ -10,7 +10,7 @@ pub const SERVICE_INFO: &str = "sluice_service_info";
 
 /// Describes the shared metrics (services add their own).
 pub fn describe() {
-    metrics::describe_counter!(RECORDS_PROCESSED_TOTAL, "Input records processed, by topic");
+    metrics::describe_counter!(RECORDS_PROCESSED_TOTAL, "Input records processed");
     metrics::describe_counter!(
         DEAD_LETTERS_TOTAL,
         "Records sent to the dead-letter topic, by origin topic"

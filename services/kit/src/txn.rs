@@ -117,8 +117,8 @@ enum Event {
 struct Open {
     producer: Arc<TxnProducer>,
     timeout: Duration,
-    /// Next offsets to commit, per (topic, partition); `None` when no transaction is open.
-    offsets: Option<TopicPartitionList>,
+    /// Next offsets to commit; `None` when no transaction is open.
+    offsets: Option<Offsets>,
     events: Vec<Event>,
 }
 
@@ -135,7 +135,7 @@ impl ConsumerContext for LoopContext {
         };
         let Some(open) = guard.as_mut() else { return };
         if let Rebalance::Revoke(tpl) = rebalance {
-            if let Some(offsets) = open.offsets.take() {
+            if let Some(offsets) = open.offsets.take().map(|o| o.to_list()) {
                 // Drain: commit what was processed before the partitions move on.
                 let outcome = consumer
                     .group_metadata()
@@ -270,7 +270,8 @@ impl<P: Processor> TxnLoop<P> {
         }
     }
 
-    fn set_open_offsets(&self, offsets: Option<TopicPartitionList>) {
+    /// Records that `offset` of (topic, partition) is done, for the revoke callback too.
+    fn advance(&self, topic: &str, partition: i32, next: i64) {
         let mut guard = self
             .consumer
             .context()
@@ -278,23 +279,28 @@ impl<P: Processor> TxnLoop<P> {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if let Some(o) = guard.as_mut() {
-            o.offsets = offsets;
+            o.offsets
+                .get_or_insert_with(Offsets::default)
+                .advance(topic, partition, next);
         }
     }
 
-    fn open_offsets_taken(&self) -> bool {
-        let guard = self
+    /// Takes the open transaction's offsets (None if a rebalance already committed them).
+    fn take_offsets(&self) -> Option<TopicPartitionList> {
+        let mut guard = self
             .consumer
             .context()
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        guard.as_ref().is_none_or(|o| o.offsets.is_none())
+        guard
+            .as_mut()
+            .and_then(|o| o.offsets.take())
+            .map(|o| o.to_list())
     }
 
     fn batch(&mut self) -> Result<(), BatchError> {
         let started = Instant::now();
-        let mut offsets = TopicPartitionList::new();
         let mut open = false;
         let mut records = 0usize;
         while records < self.options.max_records && started.elapsed() < self.options.max_batch_time
@@ -367,25 +373,18 @@ impl<P: Processor> TxnLoop<P> {
             for out in &outputs {
                 self.send(out)?;
             }
-            offsets
-                .add_partition_offset(
-                    msg.topic(),
-                    msg.partition(),
-                    Offset::Offset(msg.offset() + 1),
-                )
-                .map_err(|e| BatchError::Fatal(e.into()))?;
-            self.set_open_offsets(Some(offsets.clone()));
+            self.advance(msg.topic(), msg.partition(), msg.offset() + 1);
             records += 1;
-            metrics::counter!(m::RECORDS_PROCESSED_TOTAL, "topic" => msg.topic().to_owned())
-                .increment(1);
+        }
+        if records > 0 {
+            metrics::counter!(m::RECORDS_PROCESSED_TOTAL).increment(records as u64);
         }
         if !open {
             return Ok(());
         }
-        if self.open_offsets_taken() {
+        let Some(offsets) = self.take_offsets() else {
             return Ok(());
-        }
-        self.set_open_offsets(None);
+        };
         let result = self
             .consumer
             .group_metadata()
@@ -509,6 +508,34 @@ fn rewind(consumer: &BaseConsumer<LoopContext>, timeout: Duration) -> Result<(),
         consumer.seek(e.topic(), e.partition(), to, timeout)?;
     }
     Ok(())
+}
+
+/// Next offset to commit per topic and partition (one entry each, however many records).
+#[derive(Default)]
+struct Offsets(std::collections::HashMap<String, std::collections::HashMap<i32, i64>>);
+
+impl Offsets {
+    fn advance(&mut self, topic: &str, partition: i32, next: i64) {
+        match self.0.get_mut(topic) {
+            Some(parts) => {
+                parts.insert(partition, next);
+            }
+            None => {
+                self.0.insert(topic.to_owned(), [(partition, next)].into());
+            }
+        }
+    }
+
+    fn to_list(&self) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, parts) in &self.0 {
+            for (p, o) in parts {
+                // Only fails for an invalid offset kind, and this is always a plain offset.
+                let _ = tpl.add_partition_offset(topic, *p, Offset::Offset(*o));
+            }
+        }
+        tpl
+    }
 }
 
 /// Aborts the open transaction after a processor error.

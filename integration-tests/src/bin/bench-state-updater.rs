@@ -1,0 +1,261 @@
+//! Benchmark of the state-updater (a program that prints figures, not a test).
+//!
+//!   eval "$(compose/stack.sh env)"; cargo run --release -p sluice-integration-tests --bin bench-state-updater [events] [assets]
+//!
+//! Against the real broker, in one run, it measures and prints as ratios:
+//! * fold throughput (events/s through the state-updater, exactly-once transactions)
+//!   beside the raw `read_committed` consume rate of the same asset-events topic;
+//! * restore rate of asset-state beside the raw `read_committed` consume rate of it;
+//! * resident memory per asset with 1,000,000 assets held as the updater holds them.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
+use sluice_integration_tests::{bootstrap, unique};
+use sluice_kit::config::Env;
+use sluice_kit::kafka::KafkaOptions;
+use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::{Codec, SchemaName, Shutdown};
+use sluice_state_updater::fold::Entry;
+use sluice_state_updater::restore::Restorer;
+
+const PARTITIONS: i32 = 4;
+const T: Duration = Duration::from_secs(30);
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Reads a topic to its end (read_committed); returns (records, seconds).
+fn raw_consume(kafka: &KafkaOptions, topic: &str) -> (u64, f64) {
+    let mut cfg = kafka.reader_config(&unique("raw"));
+    cfg.set("enable.partition.eof", "true");
+    let c: BaseConsumer = cfg.create().expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    c.assign(&tpl).expect("assign");
+    let started = Instant::now();
+    let (mut n, mut eof) = (0u64, 0);
+    while eof < PARTITIONS {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(_)) => n += 1,
+            Some(Err(KafkaError::PartitionEOF(_))) => eof += 1,
+            _ => {}
+        }
+    }
+    (n, started.elapsed().as_secs_f64())
+}
+
+fn committed(kafka: &KafkaOptions, group: &str, topic: &str) -> i64 {
+    let c: BaseConsumer = kafka
+        .consumer_config(&unique("probe"), group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition(topic, p);
+    }
+    c.committed_offsets(tpl, T)
+        .map(|t| {
+            t.elements()
+                .iter()
+                .map(|e| {
+                    if let Offset::Offset(o) = e.offset() {
+                        o
+                    } else {
+                        0
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let events = args.first().copied().unwrap_or(200_000);
+    let assets = args.get(1).copied().unwrap_or(50_000).max(1);
+    let kafka = KafkaOptions::local(&bootstrap());
+    let names = TopicNames::with_prefix(&format!("{}.", unique("bench")), PARTITIONS);
+    let admin = kafka.admin("bench").expect("admin");
+    topics::bootstrap(
+        &admin,
+        &names,
+        &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter],
+        T,
+    )
+    .await
+    .expect("topics");
+    let events_topic = names.name(Topic::AssetEvents);
+    let state_topic = names.name(Topic::AssetState);
+
+    // 1. The input, and the raw produce rate of the broker for it.
+    let codec = Codec::new(None);
+    let keys: Vec<AssetKey> = (0..assets)
+        .map(|a| AssetKey::parse(&format!("lake.bench.t{a:07}")).expect("valid"))
+        .collect();
+    let mut payloads = Vec::with_capacity(events as usize);
+    for i in 0..events {
+        let key = &keys[(i % assets) as usize];
+        let seq = (i / assets + 1) as i64;
+        let e = AssetEvent::committed(
+            key.clone(),
+            TableFormat::Iceberg,
+            seq * 10,
+            seq,
+            1_700_000_000_000 + seq,
+            EventSource::Poll,
+        );
+        payloads.push((
+            key.as_str().to_owned(),
+            codec
+                .encode(SchemaName::AssetEvent, &events_topic, &e)
+                .await
+                .expect("encode"),
+        ));
+    }
+    let producer: BaseProducer = kafka.producer_config("bench").create().expect("producer");
+    let started = Instant::now();
+    for (k, v) in &payloads {
+        let mut rec = BaseRecord::to(&events_topic).key(k).payload(v);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    producer.poll(Duration::from_millis(5));
+                    rec = r;
+                }
+            }
+        }
+    }
+    producer.flush(T).expect("flush");
+    let produce_rate = events as f64 / started.elapsed().as_secs_f64();
+
+    // 2. Raw read_committed consume of asset-events.
+    let (n, secs) = raw_consume(&kafka, &events_topic);
+    let raw_rate = n as f64 / secs;
+
+    // 3. The state-updater, in process, to the last committed offset.
+    let group = format!("{}state-updater", names.prefix);
+    let env = Env::from_map([
+        ("SLUICE_KAFKA_BOOTSTRAP", bootstrap()),
+        ("SLUICE_TOPIC_PREFIX", names.prefix.clone()),
+        ("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string()),
+        ("SLUICE_ADMIN_ADDR", "127.0.0.1:0".to_owned()),
+        ("SLUICE_INSTANCE", "bench".to_owned()),
+        (
+            "SLUICE_BATCH_MAX_MS",
+            std::env::var("SLUICE_BATCH_MAX_MS").unwrap_or_else(|_| "100".into()),
+        ),
+    ]);
+    let options = sluice_state_updater::Options::read(env).expect("options");
+    let shutdown = Shutdown::new();
+    let service = tokio::spawn(sluice_state_updater::run(options, shutdown.clone()));
+    let mut first: Option<(Instant, i64)> = None;
+    let done;
+    loop {
+        let c = committed(&kafka, &group, &events_topic);
+        if c > 0 && first.is_none() {
+            first = Some((Instant::now(), c));
+        }
+        if c >= events as i64 {
+            done = Instant::now();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.trigger();
+    service
+        .await
+        .expect("join")
+        .expect("state-updater ran cleanly");
+    let (t0, c0) = first.expect("progress");
+    let fold_rate = (events as i64 - c0) as f64 / done.duration_since(t0).as_secs_f64().max(1e-3);
+
+    // 4. Restore of asset-state beside its raw consume.
+    let (state_records, raw_state_secs) = raw_consume(&kafka, &state_topic);
+    let restorer = Restorer::new(
+        kafka.reader_config(&unique("restore")),
+        state_topic.clone(),
+        T,
+    );
+    let all: BTreeSet<i32> = (0..PARTITIONS).collect();
+    let handle = tokio::runtime::Handle::current();
+    let started = Instant::now();
+    let restored =
+        tokio::task::spawn_blocking(move || restorer.restore(&handle, &Codec::new(None), &all))
+            .await
+            .expect("join")
+            .expect("restore");
+    let restore_secs = started.elapsed().as_secs_f64();
+    assert_eq!(
+        restored.len() as u64,
+        assets.min(events),
+        "every asset restored"
+    );
+
+    // 5. Memory per asset, 1M assets with one commit each, held as the updater holds them.
+    drop(restored);
+    drop(payloads);
+    let before = rss_bytes();
+    let mut held: HashMap<AssetKey, Entry> = HashMap::with_capacity(1_000_000);
+    for a in 0..1_000_000u64 {
+        let key = AssetKey::parse(&format!("lake.mem.t{a:07}")).expect("valid");
+        let e = AssetEvent::committed(
+            key.clone(),
+            TableFormat::Paimon,
+            1,
+            1,
+            1_700_000_000_000,
+            EventSource::Poll,
+        );
+        let state = AssetState::fold_all([&e]).expect("state");
+        held.insert(
+            key,
+            Entry {
+                state,
+                revision: 1,
+                partition: 0,
+            },
+        );
+    }
+    let per_asset = (rss_bytes().saturating_sub(before)) as f64 / held.len() as f64;
+
+    println!(
+        "state-updater benchmark: {events} events over {assets} assets, {PARTITIONS} partitions, one broker on loopback"
+    );
+    println!("  raw broker produce (idempotent, acks=all)   {produce_rate:>12.0} events/s");
+    println!("  raw read_committed consume of asset-events  {raw_rate:>12.0} events/s");
+    println!(
+        "  state-updater fold (exactly-once)           {fold_rate:>12.0} events/s   = {:.2} × raw consume",
+        fold_rate / raw_rate
+    );
+    let raw_state_rate = state_records as f64 / raw_state_secs;
+    let restore_rate = state_records as f64 / restore_secs;
+    println!(
+        "  raw read_committed consume of asset-state   {raw_state_rate:>12.0} records/s ({state_records} records)"
+    );
+    println!(
+        "  restore of asset-state                      {restore_rate:>12.0} records/s  = {:.2} × raw consume",
+        restore_rate / raw_state_rate
+    );
+    println!("  resident memory per asset (1,000,000 held)  {per_asset:>12.0} bytes");
+}
