@@ -19,8 +19,11 @@ bash "$HERE/ensure-toolchain.sh"
 # shellcheck disable=SC1091
 [[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
 
+# Leave the stack as we found it. (Capture first: `status | grep -q` under pipefail
+# fails when grep closes the pipe early.)
 was_running=0
-bash "$HERE/stack.sh" status | grep -q '^kafka: running' && was_running=1
+status="$(bash "$HERE/stack.sh" status)"
+[[ $status == *"kafka: running"* ]] && was_running=1
 bash "$HERE/stack.sh" up
 eval "$(bash "$HERE/stack.sh" env)"
 export SLUICE_TOPIC_PREFIX="${SLUICE_TOPIC_PREFIX:-sluice.}"
@@ -59,9 +62,9 @@ for s in "${ORDER[@]}"; do
   done
 done
 
-printf '\n%-16s %-8s %-24s %s\n' SERVICE STATUS ADMIN LOG
+printf '\n%-22s %-8s %-24s %s\n' SERVICE STATUS ADMIN LOG
 for s in "${ORDER[@]}"; do
-  printf '%-16s %-8s %-24s %s\n' "sluice-$s" ready "127.0.0.1:${PORT[$s]}" "$LOGS/$s.log"
+  printf '%-22s %-8s %-24s %s\n' "sluice-$s" ready "127.0.0.1:${PORT[$s]}" "$LOGS/$s.log"
 done
 printf '\ntopics: %s{asset-events,asset-state,dependencies,resolver-progress,triggers,runs,dead-letter} on %s\n' \
   "$SLUICE_TOPIC_PREFIX" "$SLUICE_KAFKA_BOOTSTRAP"

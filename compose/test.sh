@@ -15,8 +15,11 @@ bash "$HERE/ensure-toolchain.sh"
 # shellcheck disable=SC1091
 [[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
 
+# Leave the stack as we found it. (Capture first: `status | grep -q` under pipefail
+# fails when grep closes the pipe early.)
 was_running=0
-bash "$HERE/stack.sh" status | grep -q '^kafka: running' && was_running=1
+status="$(bash "$HERE/stack.sh" status)"
+[[ $status == *"kafka: running"* ]] && was_running=1
 bash "$HERE/stack.sh" up
 if [[ $was_running -eq 0 ]]; then
   trap 'bash "$HERE/stack.sh" down' EXIT
