@@ -104,3 +104,52 @@ where
     }
     false
 }
+
+/// The client factory pointed at the test broker.
+pub fn kafka() -> sluice_kit::kafka::KafkaOptions {
+    sluice_kit::kafka::KafkaOptions::local(&bootstrap())
+}
+
+/// A fresh topic with `partitions` partitions (replication factor 1).
+pub async fn create_topic(partitions: i32) -> String {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let name = unique("topic");
+    let admin = kafka().admin("sluice-tests").expect("admin client");
+    let nt = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
+    for r in admin
+        .create_topics([&nt], &AdminOptions::new())
+        .await
+        .expect("create topic")
+    {
+        r.expect("topic created");
+    }
+    name
+}
+
+/// Sum of the offsets `group` has committed on partitions `0..partitions` of `topic`;
+/// `Err` while the broker cannot answer (e.g. an unstable transactional commit).
+pub fn committed_total(
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<i64, rdkafka::error::KafkaError> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let c: BaseConsumer = kafka().consumer_config(&unique("probe"), group).create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = c.committed_offsets(tpl, Duration::from_secs(30))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .map(|e| {
+            if let Offset::Offset(o) = e.offset() {
+                o
+            } else {
+                0
+            }
+        })
+        .sum())
+}

@@ -10,29 +10,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sluice_integration_tests::{bootstrap, fresh_database, unique};
-use sluice_kit::kafka::KafkaOptions;
+use sluice_integration_tests::{create_topic, fresh_database, kafka, unique};
 use sluice_kit::topics::{self, BootstrapError, Topic, TopicNames};
 
 const T: Duration = Duration::from_secs(30);
-
-fn kafka() -> KafkaOptions {
-    KafkaOptions::local(&bootstrap())
-}
-
-async fn topic(partitions: i32) -> String {
-    let name = unique("stack");
-    let admin = kafka().admin("stack-test").expect("admin");
-    let nt = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
-    for r in admin
-        .create_topics([&nt], &AdminOptions::new())
-        .await
-        .expect("create")
-    {
-        r.expect("topic created");
-    }
-    name
-}
 
 fn txn_producer() -> BaseProducer {
     let p: BaseProducer = kafka()
@@ -72,7 +53,7 @@ fn send(p: &BaseProducer, topic: &str, payloads: &[&str]) {
 
 #[tokio::test]
 async fn committed_records_are_visible_only_after_commit() {
-    let topic = topic(1).await;
+    let topic = create_topic(1).await;
     let p = txn_producer();
     p.begin_transaction().expect("begin");
     send(&p, &topic, &["a", "b", "c"]);
@@ -87,7 +68,7 @@ async fn committed_records_are_visible_only_after_commit() {
 
 #[tokio::test]
 async fn aborted_records_are_never_visible() {
-    let topic = topic(1).await;
+    let topic = create_topic(1).await;
     let p = txn_producer();
     p.begin_transaction().expect("begin");
     send(&p, &topic, &["lost-1", "lost-2"]);
@@ -106,7 +87,7 @@ async fn aborted_records_are_never_visible() {
 
 #[tokio::test]
 async fn offsets_commit_with_the_transaction_and_not_on_abort() {
-    let input = topic(1).await;
+    let input = create_topic(1).await;
     let plain: BaseProducer = kafka()
         .producer_config("stack-test")
         .create()

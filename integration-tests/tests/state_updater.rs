@@ -17,18 +17,15 @@ use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{
     AssetEvent, AssetKey, AssetState, EventKind, EventSource, FoldOutcome, Operation, TableFormat,
 };
-use sluice_integration_tests::{bootstrap, free_port, service_binary, unique};
-use sluice_kit::kafka::KafkaOptions;
+use sluice_integration_tests::{
+    bootstrap, committed_total, free_port, kafka, service_binary, unique,
+};
 use sluice_kit::topics::{self, Topic, TopicNames};
 use sluice_kit::wire::StateRecord;
 use sluice_kit::{Codec, SchemaName};
 
 const T: Duration = Duration::from_secs(30);
 const PARTITIONS: i32 = 4;
-
-fn kafka() -> KafkaOptions {
-    KafkaOptions::local(&bootstrap())
-}
 
 /// `assets` × `per_asset` commits, with duplicates and local reordering mixed in,
 /// deterministic from `seed`. Every 7th event also carries a watermark.
@@ -147,30 +144,14 @@ impl Run {
     /// Offsets the group has committed on asset-events. While a killed instance's
     /// transaction is still open the broker answers "unstable offset commit": ask again.
     fn committed(&self) -> i64 {
-        let c: BaseConsumer = kafka()
-            .consumer_config(&unique("probe"), &self.group)
-            .create()
-            .expect("consumer");
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
-            tpl.add_partition(&self.names.name(Topic::AssetEvents), p);
-        }
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            match c.committed_offsets(tpl.clone(), T) {
-                Ok(t) => {
-                    return t
-                        .elements()
-                        .iter()
-                        .map(|e| {
-                            if let Offset::Offset(o) = e.offset() {
-                                o
-                            } else {
-                                0
-                            }
-                        })
-                        .sum();
-                }
+            match committed_total(
+                &self.group,
+                &self.names.name(Topic::AssetEvents),
+                PARTITIONS,
+            ) {
+                Ok(n) => return n,
                 Err(e) => {
                     assert!(
                         Instant::now() < deadline,

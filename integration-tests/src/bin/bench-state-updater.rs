@@ -16,7 +16,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
-use sluice_integration_tests::{bootstrap, unique};
+use sluice_integration_tests::{bootstrap, committed_total, unique};
 use sluice_kit::config::Env;
 use sluice_kit::kafka::KafkaOptions;
 use sluice_kit::topics::{self, Topic, TopicNames};
@@ -58,31 +58,6 @@ fn raw_consume(kafka: &KafkaOptions, topic: &str) -> (u64, f64) {
         }
     }
     (n, started.elapsed().as_secs_f64())
-}
-
-fn committed(kafka: &KafkaOptions, group: &str, topic: &str) -> i64 {
-    let c: BaseConsumer = kafka
-        .consumer_config(&unique("probe"), group)
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(topic, p);
-    }
-    c.committed_offsets(tpl, T)
-        .map(|t| {
-            t.elements()
-                .iter()
-                .map(|e| {
-                    if let Offset::Offset(o) = e.offset() {
-                        o
-                    } else {
-                        0
-                    }
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 #[tokio::main]
@@ -172,7 +147,7 @@ async fn main() {
     let mut first: Option<(Instant, i64)> = None;
     let done;
     loop {
-        let c = committed(&kafka, &group, &events_topic);
+        let c = committed_total(&group, &events_topic, PARTITIONS).unwrap_or(0);
         if c > 0 && first.is_none() {
             first = Some((Instant::now(), c));
         }

@@ -2,7 +2,7 @@
 //!
 //! The dead-letter record keeps the original key and payload byte for byte and adds
 //! headers `sluice.dlq.topic`, `sluice.dlq.partition`, `sluice.dlq.offset`,
-//! `sluice.dlq.error` and `sluice.dlq.service` (plus the original headers).
+//! `sluice.dlq.error` (plus the original headers).
 
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 
@@ -12,7 +12,6 @@ pub const HEADER_TOPIC: &str = "sluice.dlq.topic";
 pub const HEADER_PARTITION: &str = "sluice.dlq.partition";
 pub const HEADER_OFFSET: &str = "sluice.dlq.offset";
 pub const HEADER_ERROR: &str = "sluice.dlq.error";
-pub const HEADER_SOURCE: &str = "sluice.dlq.source";
 
 /// The dead-letter record of a consumed Kafka record.
 pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> Output {
@@ -34,25 +33,6 @@ pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> O
         topic: dlq_topic.to_owned(),
         key: msg.key().unwrap_or_default().to_vec(),
         payload: Some(msg.payload().unwrap_or_default().to_vec()),
-        headers,
-    }
-}
-
-/// Origin headers for a record that did not come from Kafka (HTTP, a poller): `source`
-/// names the entry point, partition and offset are -1.
-pub fn dead_letter_from(
-    dlq_topic: &str,
-    source: &str,
-    key: &[u8],
-    payload: &[u8],
-    error: &str,
-) -> Output {
-    let mut headers = origin_headers(source, -1, -1, error);
-    headers.push((HEADER_SOURCE.to_owned(), source.as_bytes().to_vec()));
-    Output {
-        topic: dlq_topic.to_owned(),
-        key: key.to_vec(),
-        payload: Some(payload.to_vec()),
         headers,
     }
 }

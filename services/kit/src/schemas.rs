@@ -29,6 +29,11 @@ impl SchemaName {
         SchemaName::RunStatus,
     ];
 
+    /// Position in [`SchemaName::ALL`] (declaration order).
+    fn index(self) -> usize {
+        self as usize
+    }
+
     /// The file under `schemas/` (and `schemas/examples/` with `.json`).
     pub fn file_stem(self) -> &'static str {
         match self {
@@ -66,11 +71,7 @@ impl SchemaName {
                 })
                 .collect()
         });
-        let i = SchemaName::ALL
-            .iter()
-            .position(|n| *n == self)
-            .unwrap_or_default();
-        &all[i]
+        &all[self.index()]
     }
 }
 
@@ -114,10 +115,6 @@ impl SchemaName {
                 })
                 .collect()
         });
-        let i = SchemaName::ALL
-            .iter()
-            .position(|n| *n == self)
-            .unwrap_or_default();
-        &all[i]
+        &all[self.index()]
     }
 }

@@ -123,18 +123,24 @@ struct Open {
 }
 
 pub struct LoopContext {
-    open: Mutex<Option<Open>>,
+    open: Mutex<Open>,
+}
+
+impl LoopContext {
+    /// Runs `f` on the open-transaction state shared with the rebalance callbacks.
+    fn with_open<R>(&self, f: impl FnOnce(&mut Open) -> R) -> R {
+        f(&mut self.open.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 impl ClientContext for LoopContext {}
 
 impl ConsumerContext for LoopContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Ok(mut guard) = self.open.lock() else {
+        let Rebalance::Revoke(tpl) = rebalance else {
             return;
         };
-        let Some(open) = guard.as_mut() else { return };
-        if let Rebalance::Revoke(tpl) = rebalance {
+        self.with_open(|open| {
             if let Some(offsets) = open.offsets.take().map(|o| o.to_list()) {
                 // Drain: commit what was processed before the partitions move on.
                 let outcome = consumer
@@ -155,16 +161,12 @@ impl ConsumerContext for LoopContext {
                 open.events.push(event);
             }
             open.events.push(Event::Revoked(partitions(tpl)));
-        }
+        });
     }
 
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Ok(mut guard) = self.open.lock() else {
-            return;
-        };
-        let Some(open) = guard.as_mut() else { return };
         if let Rebalance::Assign(tpl) = rebalance {
-            open.events.push(Event::Assigned(partitions(tpl)));
+            self.with_open(|open| open.events.push(Event::Assigned(partitions(tpl))));
         }
     }
 }
@@ -212,12 +214,12 @@ impl<P: Processor> TxnLoop<P> {
         let producer: Arc<TxnProducer> = Arc::new(producer_config.create()?);
         producer.init_transactions(options.request_timeout)?;
         let ctx = LoopContext {
-            open: Mutex::new(Some(Open {
+            open: Mutex::new(Open {
                 producer: producer.clone(),
                 timeout: options.request_timeout,
                 offsets: None,
                 events: Vec::new(),
-            })),
+            }),
         };
         let consumer: BaseConsumer<LoopContext> = consumer_config.create_with_context(ctx)?;
         let topics: Vec<&str> = options.input_topics.iter().map(String::as_str).collect();
@@ -230,10 +232,6 @@ impl<P: Processor> TxnLoop<P> {
             health,
             stop,
         })
-    }
-
-    pub fn processor(&self) -> &P {
-        &self.processor
     }
 
     /// Runs until `stop` is set (then commits and returns) or a fatal error.
@@ -270,32 +268,20 @@ impl<P: Processor> TxnLoop<P> {
         }
     }
 
-    /// Records that `offset` of (topic, partition) is done, for the revoke callback too.
+    /// Records that `next` is the next offset of (topic, partition), for the revoke callback too.
     fn advance(&self, topic: &str, partition: i32, next: i64) {
-        let mut guard = self
-            .consumer
-            .context()
-            .open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(o) = guard.as_mut() {
+        self.consumer.context().with_open(|o| {
             o.offsets
                 .get_or_insert_with(Offsets::default)
-                .advance(topic, partition, next);
-        }
+                .advance(topic, partition, next)
+        });
     }
 
     /// Takes the open transaction's offsets (None if a rebalance already committed them).
     fn take_offsets(&self) -> Option<TopicPartitionList> {
-        let mut guard = self
-            .consumer
+        self.consumer
             .context()
-            .open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        guard
-            .as_mut()
-            .and_then(|o| o.offsets.take())
+            .with_open(|o| o.offsets.take())
             .map(|o| o.to_list())
     }
 
@@ -450,17 +436,9 @@ fn handle_events<P: Processor>(
     processor: &mut P,
     timeout: Duration,
 ) -> Result<bool, BatchError> {
-    let events = {
-        let mut guard = consumer
-            .context()
-            .open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        guard
-            .as_mut()
-            .map(|o| std::mem::take(&mut o.events))
-            .unwrap_or_default()
-    };
+    let events = consumer
+        .context()
+        .with_open(|o| std::mem::take(&mut o.events));
     let mut closed = false;
     for ev in events {
         match ev {
@@ -545,9 +523,7 @@ fn abort_open<P: Processor>(
     ctx: &LoopContext,
     timeout: Duration,
 ) -> Result<(), BatchError> {
-    if let Some(o) = ctx.open.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-        o.offsets = None;
-    }
+    ctx.with_open(|o| o.offsets = None);
     producer
         .abort_transaction(timeout)
         .map_err(|e| BatchError::Fatal(e.into()))?;

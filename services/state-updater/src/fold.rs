@@ -87,18 +87,26 @@ impl Fold {
 impl Processor for Fold {
     fn process(&mut self, input: &Input<'_>) -> Result<Vec<Output>, ProcessError> {
         let event = self.decode(input)?;
-        let mut entry = match self
-            .pending
-            .get(&event.asset_key)
-            .or_else(|| self.committed.get(&event.asset_key))
-        {
-            Some(e) => e.clone(),
-            None => Entry {
-                state: AssetState::new(event.asset_key.clone(), event.format),
-                revision: 0,
-                partition: input.partition,
-            },
-        };
+        let Fold {
+            codec,
+            runtime,
+            state_topic,
+            committed,
+            pending,
+            ..
+        } = self;
+        // The asset's state for this transaction: copied from `committed` once per
+        // transaction, then folded in place.
+        let entry = pending.entry(event.asset_key.clone()).or_insert_with(|| {
+            committed
+                .get(&event.asset_key)
+                .cloned()
+                .unwrap_or_else(|| Entry {
+                    state: AssetState::new(event.asset_key.clone(), event.format),
+                    revision: 0,
+                    partition: input.partition,
+                })
+        });
         match entry.state.apply(&event) {
             FoldOutcome::Unchanged(why) => {
                 metrics::counter!(m::EVENTS_UNCHANGED_TOTAL, "reason" => why.as_str()).increment(1);
@@ -114,12 +122,8 @@ impl Processor for Fold {
                 entry.revision += 1;
                 metrics::counter!(m::STATES_PUBLISHED_TOTAL).increment(1);
                 let record = StateRecord::new(&entry.state, entry.revision);
-                let bytes = self
-                    .runtime
-                    .block_on(
-                        self.codec
-                            .encode(SchemaName::AssetState, &self.state_topic, &record),
-                    )
+                let bytes = runtime
+                    .block_on(codec.encode(SchemaName::AssetState, state_topic, &record))
                     .map_err(|e| {
                         if e.is_retriable() {
                             ProcessError::Retriable(e.to_string())
@@ -127,11 +131,9 @@ impl Processor for Fold {
                             ProcessError::Fatal(format!("a folded state does not encode: {e}"))
                         }
                     })?;
-                let key = event.asset_key.as_str().as_bytes().to_vec();
-                self.pending.insert(event.asset_key, entry);
                 Ok(vec![Output {
-                    topic: self.state_topic.clone(),
-                    key,
+                    topic: state_topic.clone(),
+                    key: event.asset_key.as_str().as_bytes().to_vec(),
                     payload: Some(bytes),
                     headers: Vec::new(),
                 }])
