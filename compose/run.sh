@@ -15,17 +15,10 @@ cd "$REPO"
 say() { printf '[sluice] %s\n' "$*" >&2; }
 mode="${1:-run}"
 
-bash "$HERE/ensure-toolchain.sh"
-# shellcheck disable=SC1091
-[[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
-
-# Leave the stack as we found it. (Capture first: `status | grep -q` under pipefail
-# fails when grep closes the pipe early.)
-was_running=0
-status="$(bash "$HERE/stack.sh" status)"
-[[ $status == *"kafka: running"* ]] && was_running=1
-bash "$HERE/stack.sh" up
-eval "$(bash "$HERE/stack.sh" env)"
+# shellcheck source=compose/lib.sh
+source "$HERE/lib.sh"
+ensure_toolchain
+stack_up
 export SLUICE_TOPIC_PREFIX="${SLUICE_TOPIC_PREFIX:-sluice.}"
 export SLUICE_TOPIC_PARTITIONS="${SLUICE_TOPIC_PARTITIONS:-4}"
 
@@ -43,7 +36,7 @@ stop_all() {
   say "stopping services"
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [[ $was_running -eq 0 ]]; then bash "$HERE/stack.sh" down; fi
+  stack_down_if_started
   say "stopped; nothing left running"
 }
 trap stop_all INT TERM EXIT

@@ -11,20 +11,11 @@ REPO="$(cd "$HERE/.." && pwd)"
 cd "$REPO"
 say() { printf '[test] %s\n' "$*" >&2; }
 
-bash "$HERE/ensure-toolchain.sh"
-# shellcheck disable=SC1091
-[[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
-
-# Leave the stack as we found it. (Capture first: `status | grep -q` under pipefail
-# fails when grep closes the pipe early.)
-was_running=0
-status="$(bash "$HERE/stack.sh" status)"
-[[ $status == *"kafka: running"* ]] && was_running=1
-bash "$HERE/stack.sh" up
-if [[ $was_running -eq 0 ]]; then
-  trap 'bash "$HERE/stack.sh" down' EXIT
-fi
-eval "$(bash "$HERE/stack.sh" env)"
+# shellcheck source=compose/lib.sh
+source "$HERE/lib.sh"
+ensure_toolchain
+stack_up
+trap stack_down_if_started EXIT
 
 say "cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,0 +1,28 @@
+# Shared by run.sh and test.sh (sourced, not run): the toolchain, and the stack
+# brought up and later left as it was found.
+
+# Installs missing build tools and puts cargo on PATH.
+ensure_toolchain() {
+  bash "$HERE/ensure-toolchain.sh"
+  # shellcheck disable=SC1091
+  [[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
+  return 0
+}
+
+# Starts the stack and exports its SLUICE_* variables. Sets STACK_WAS_RUNNING=1 when
+# it was already up, so callers stop it only if they started it. (The status is
+# captured first: `status | grep -q` under pipefail fails when grep closes early.)
+stack_up() {
+  local status
+  status="$(bash "$HERE/stack.sh" status)"
+  STACK_WAS_RUNNING=0
+  [[ $status == *"kafka: running"* ]] && STACK_WAS_RUNNING=1
+  bash "$HERE/stack.sh" up
+  eval "$(bash "$HERE/stack.sh" env)"
+  export SLUICE_KAFKA_BOOTSTRAP SLUICE_DATABASE_URL
+}
+
+# Stops the stack if stack_up started it.
+stack_down_if_started() {
+  if [[ ${STACK_WAS_RUNNING:-1} -eq 0 ]]; then bash "$HERE/stack.sh" down; fi
+}
