@@ -58,6 +58,7 @@ impl Processor for Upper {
         }
         Ok(vec![Output {
             topic: self.out.clone(),
+            partition: None,
             key: input.key.unwrap_or_default().to_vec(),
             payload: Some(payload.to_uppercase().into_bytes()),
             headers: vec![],

@@ -140,6 +140,10 @@ async fn main() {
             "SLUICE_BATCH_MAX_MS",
             std::env::var("SLUICE_BATCH_MAX_MS").unwrap_or_else(|_| "100".into()),
         ),
+        (
+            "SLUICE_BATCH_MAX_RECORDS",
+            std::env::var("SLUICE_BATCH_MAX_RECORDS").unwrap_or_else(|_| "5000".into()),
+        ),
     ]);
     let options = sluice_state_updater::Options::read(env).expect("options");
     let shutdown = Shutdown::new();

@@ -15,7 +15,7 @@ use crate::state::AssetState;
 pub const MAX_DEPTH: usize = 16;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Condition {
     /// Every child must hold.
     All(Vec<Condition>),
@@ -27,6 +27,7 @@ pub enum Condition {
 /// One input asset and what must be true of it. No predicates means
 /// "advanced since the last trigger" — the default of the seeds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InputCondition {
     pub asset: AssetKey,
     #[serde(default)]
@@ -34,7 +35,7 @@ pub struct InputCondition {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
+#[serde(rename_all = "snake_case", tag = "kind", deny_unknown_fields)]
 pub enum Predicate {
     /// A newer commit than at the last trigger; compactions count only if asked.
     Advanced {
@@ -219,57 +220,141 @@ impl Condition {
 
     /// Evaluates the tree. `state` looks an input up; `baseline` is what the input
     /// looked like at the last trigger (none: never triggered).
-    pub fn evaluate<'s>(
+    pub fn evaluate<'s, 'b>(
         &self,
         state: &impl Fn(&AssetKey) -> Option<&'s AssetState>,
-        baseline: &impl Fn(&AssetKey) -> Option<&'s Baseline>,
+        baseline: &impl Fn(&AssetKey) -> Option<&'b Baseline>,
         now_ms: i64,
     ) -> Verdict {
+        self.evaluate_in(state, baseline, &Scope::snapshots(now_ms))
+    }
+
+    /// Evaluates the tree in a scope: the scope decides what an input with no
+    /// predicates must show (advanced, the partition committed, the window closed).
+    pub fn evaluate_in<'s, 'b>(
+        &self,
+        state: &impl Fn(&AssetKey) -> Option<&'s AssetState>,
+        baseline: &impl Fn(&AssetKey) -> Option<&'b Baseline>,
+        scope: &Scope<'_>,
+    ) -> Verdict {
         let mut reasons = Vec::new();
-        let satisfied = self.eval(state, baseline, now_ms, &mut reasons);
+        let satisfied = self.eval(state, baseline, scope, &mut reasons);
         if !satisfied {
             reasons.clear();
         }
         Verdict { satisfied, reasons }
     }
 
-    fn eval<'s>(
+    fn eval<'s, 'b>(
         &self,
         state: &impl Fn(&AssetKey) -> Option<&'s AssetState>,
-        baseline: &impl Fn(&AssetKey) -> Option<&'s Baseline>,
-        now_ms: i64,
+        baseline: &impl Fn(&AssetKey) -> Option<&'b Baseline>,
+        scope: &Scope<'_>,
         reasons: &mut Vec<String>,
     ) -> bool {
         match self {
             // Every child is evaluated (no short cut) so the reason lists all that held.
             Condition::All(cs) => cs
                 .iter()
-                .map(|c| c.eval(state, baseline, now_ms, reasons))
+                .map(|c| c.eval(state, baseline, scope, reasons))
                 .fold(true, |a, b| a & b),
             Condition::Any(cs) => cs
                 .iter()
-                .map(|c| c.eval(state, baseline, now_ms, reasons))
+                .map(|c| c.eval(state, baseline, scope, reasons))
                 .fold(false, |a, b| a | b),
             Condition::Input(input) => {
                 let Some(s) = state(&input.asset) else {
                     return false;
                 };
                 let base = baseline(&input.asset);
-                let default = [Predicate::Advanced {
-                    include_compaction: false,
-                }];
-                let preds: &[Predicate] = if input.predicates.is_empty() {
-                    &default
-                } else {
-                    &input.predicates
+                let mut names: Vec<&str> = Vec::new();
+                let scoped = match scope.kind {
+                    ScopeKind::Snapshots if input.predicates.is_empty() => Some(holds(
+                        &Predicate::Advanced {
+                            include_compaction: false,
+                        },
+                        s,
+                        base,
+                        scope.now_ms,
+                    )),
+                    ScopeKind::Snapshots => None,
+                    ScopeKind::Partition => {
+                        Some(s.partition_committed_after(scope.partition, None))
+                    }
+                    ScopeKind::Window => {
+                        Some(s.watermark_ms.is_some_and(|w| w >= scope.window_end_ms))
+                    }
                 };
-                let held = preds.iter().all(|p| holds(p, s, base, now_ms));
-                if held {
-                    let names: Vec<&str> = preds.iter().map(Predicate::name).collect();
-                    reasons.push(format!("{}: {}", input.asset, names.join(" & ")));
+                if let Some(held) = scoped {
+                    if !held {
+                        return false;
+                    }
+                    names.push(scope.requirement());
                 }
-                held
+                for p in &input.predicates {
+                    if !holds(p, s, base, scope.now_ms) {
+                        return false;
+                    }
+                    names.push(p.name());
+                }
+                reasons.push(format!("{}: {}", input.asset, names.join(" & ")));
+                true
             }
+        }
+    }
+}
+
+/// What one trigger of a dependency is for, and so what a bare input must show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScopeKind {
+    /// A new snapshot combination: a bare input must have advanced since the last trigger.
+    Snapshots,
+    /// One partition: every bare input must have committed it (in its recent history).
+    Partition,
+    /// One watermark window: every bare input's watermark must have reached its end.
+    Window,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Scope<'a> {
+    pub kind: ScopeKind,
+    pub now_ms: i64,
+    pub partition: &'a str,
+    pub window_end_ms: i64,
+}
+
+impl<'a> Scope<'a> {
+    pub fn snapshots(now_ms: i64) -> Self {
+        Scope {
+            kind: ScopeKind::Snapshots,
+            now_ms,
+            partition: "",
+            window_end_ms: 0,
+        }
+    }
+
+    pub fn partition(partition: &'a str, now_ms: i64) -> Self {
+        Scope {
+            kind: ScopeKind::Partition,
+            partition,
+            ..Scope::snapshots(now_ms)
+        }
+    }
+
+    pub fn window(end_ms: i64, now_ms: i64) -> Self {
+        Scope {
+            kind: ScopeKind::Window,
+            window_end_ms: end_ms,
+            ..Scope::snapshots(now_ms)
+        }
+    }
+
+    /// The name of what the scope asks of a bare input, for trigger reasons.
+    fn requirement(&self) -> &'static str {
+        match self.kind {
+            ScopeKind::Snapshots => "advanced",
+            ScopeKind::Partition => "partition_committed",
+            ScopeKind::Window => "window_closed",
         }
     }
 }

@@ -21,7 +21,7 @@ pub mod trigger;
 mod digest;
 
 pub use asset::{AssetKey, TableFormat};
-pub use condition::{Condition, InputCondition, Predicate};
+pub use condition::{Baseline, Condition, InputCondition, Predicate, Scope};
 pub use event::{AssetEvent, EventId, EventKind, EventSource, Operation, QualityStatus};
 pub use job::{Job, JobStatus};
 pub use state::{AssetState, FoldOutcome};

@@ -122,10 +122,10 @@ impl Codec {
         topic: &str,
         value: &T,
     ) -> Result<Vec<u8>, CodecError> {
-        let avro = to_avro(name, value)?;
         match self {
-            Codec::SingleObject => encode_single_object(name, avro),
+            Codec::SingleObject => encode_single_object(name, value),
             Codec::Registry(r) => {
+                let avro = to_avro(name, value)?;
                 let strategy = SubjectNameStrategy::TopicNameStrategyWithSchema(
                     topic.to_owned(),
                     false,
@@ -145,7 +145,7 @@ impl Codec {
         bytes: &[u8],
     ) -> Result<T, CodecError> {
         let value = match self {
-            Codec::SingleObject => decode_single_object(name, bytes)?,
+            Codec::SingleObject => return decode_single_object(name, bytes),
             Codec::Registry(r) => {
                 check_confluent_header(bytes)?;
                 let decoded = r
@@ -265,23 +265,26 @@ fn read_all(
     Ok(value)
 }
 
-fn encode_single_object(name: SchemaName, value: Value) -> Result<Vec<u8>, CodecError> {
-    let datum = name
-        .compiled()
+/// Serializes straight from serde into Avro bytes, with no intermediate `Value`
+/// (building, validating and resolving a `Value` tree cost most of the encode time).
+fn encode_single_object<T: Serialize>(name: SchemaName, value: &T) -> Result<Vec<u8>, CodecError> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(&SINGLE_OBJECT_MAGIC);
+    out.extend_from_slice(&fingerprint(name));
+    name.compiled()
         .writer
-        .write_value_to_vec(value)
+        .write_ser(&mut out, value)
         .map_err(|e| CodecError::Encode {
             schema: name.file_stem(),
             message: e.to_string(),
         })?;
-    let mut out = Vec::with_capacity(10 + datum.len());
-    out.extend_from_slice(&SINGLE_OBJECT_MAGIC);
-    out.extend_from_slice(&fingerprint(name));
-    out.extend_from_slice(&datum);
     Ok(out)
 }
 
-fn decode_single_object(name: SchemaName, bytes: &[u8]) -> Result<Value, CodecError> {
+fn decode_single_object<T: DeserializeOwned>(
+    name: SchemaName,
+    bytes: &[u8],
+) -> Result<T, CodecError> {
     if bytes.is_empty() {
         return Err(CodecError::Empty);
     }
@@ -306,7 +309,27 @@ fn decode_single_object(name: SchemaName, bytes: &[u8]) -> Result<Value, CodecEr
             schema: name.file_stem(),
         });
     }
-    read_all(&name.compiled().reader, &bytes[10..], name.file_stem())
+    let stem = name.file_stem();
+    let body = &bytes[10..];
+    let mut cursor = Cursor::new(body);
+    // Straight into `T` (no `Value` tree). A datum that does not fit the schema, or
+    // does not fit `T`, is one typed error either way.
+    let value = name
+        .compiled()
+        .reader
+        .read_deser::<T>(&mut cursor)
+        .map_err(|e| CodecError::Datum {
+            schema: stem,
+            message: e.to_string(),
+        })?;
+    let trailing = body.len() - usize::try_from(cursor.position()).unwrap_or(body.len());
+    if trailing > 0 {
+        return Err(CodecError::Trailing {
+            schema: stem,
+            trailing,
+        });
+    }
+    Ok(value)
 }
 
 fn hex(b: &[u8]) -> String {

@@ -31,6 +31,7 @@ pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> O
     ));
     Output {
         topic: dlq_topic.to_owned(),
+        partition: None,
         key: msg.key().unwrap_or_default().to_vec(),
         payload: Some(msg.payload().unwrap_or_default().to_vec()),
         headers,

@@ -2,6 +2,7 @@
 //! this crate is where it meets Kafka, HTTP and the process.
 
 pub mod admin;
+pub mod changelog;
 pub mod codec;
 pub mod config;
 pub mod dlq;

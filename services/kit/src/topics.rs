@@ -221,3 +221,30 @@ pub async fn bootstrap(
         }
     }
 }
+
+/// Checks that two topics have the same partition count: a changelog restored by
+/// partition (state for input partition p lives on partition p) needs it.
+pub fn check_copartitioned(
+    kafka: &crate::kafka::KafkaOptions,
+    input: &str,
+    changelog: &str,
+) -> Result<(), String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let probe: BaseConsumer = kafka
+        .reader_config("sluice-copartition-probe")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let count = |t: &str| -> Result<usize, String> {
+        let md = probe
+            .fetch_metadata(Some(t), kafka.request_timeout)
+            .map_err(|e| format!("metadata of {t}: {e}"))?;
+        Ok(md.topics().first().map_or(0, |t| t.partitions().len()))
+    };
+    let (i, c) = (count(input)?, count(changelog)?);
+    if i != c {
+        return Err(format!(
+            "{input} has {i} partitions but {changelog} has {c}: they must be co-partitioned (same count)"
+        ));
+    }
+    Ok(())
+}

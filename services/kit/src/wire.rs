@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 use sluice_core::state::{CommitInfo, QualityMark};
 use sluice_core::{AssetKey, AssetState, TableFormat};
 
-/// Value of the asset-state topic.
+/// Value of the asset-state topic. Serde names match the Avro record names: the
+/// schema-aware (de)serializer checks them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename = "AssetState")]
 pub struct StateRecord {
     pub asset_key: AssetKey,
     pub revision: i64,
@@ -29,6 +31,7 @@ pub struct StateRecord {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename = "CommitInfo")]
 pub struct WireCommit {
     pub event_id: sluice_core::EventId,
     pub snapshot_id: i64,

@@ -1,9 +1,25 @@
-//! The resolver service. Today it starts, checks its topics and serves its admin port;
-//! its work loop lands with the resolver issue (#5).
+//! The resolver: evaluates dependency specs against the global asset-state table
+//! and produces exactly-once trigger requests.
+//!
+//! * [`spec`] — the DependencySpec, its Avro and JSON forms, validation, cycles.
+//! * [`decide`] — the pure per-dependency decision (conditions, coalescing, keys).
+//! * [`table`] — the global asset-state table every instance reads whole.
+//! * [`resolve`] — the transactional processor: ownership of dependencies by
+//!   consumer group, the inverted index, triggers and progress in one transaction.
+
+pub mod decide;
+pub mod metrics;
+pub mod records;
+pub mod resolve;
+pub mod spec;
+pub mod table;
+
+use std::time::Duration;
 
 use sluice_kit::config::{Common, ConfigErrors, Env};
 use sluice_kit::service::{self, StartError};
-use sluice_kit::{Shutdown, Topic};
+use sluice_kit::txn::{self, TxnLoop};
+use sluice_kit::{Codec, Shutdown, Topic};
 
 pub const SERVICE: &str = "resolver";
 
@@ -19,6 +35,9 @@ pub const TOPICS: &[Topic] = &[
 #[derive(Clone, Debug)]
 pub struct Options {
     pub common: Common,
+    pub group_id: String,
+    pub max_batch_records: usize,
+    pub max_batch_time: Duration,
 }
 
 impl Options {
@@ -28,7 +47,21 @@ impl Options {
 
     pub fn read(mut env: Env) -> Result<Self, ConfigErrors> {
         let common = Common::read(&mut env, SERVICE, "127.0.0.1:9103");
-        env.finish(Options { common })
+        let group_id = env.string(
+            "SLUICE_RESOLVER_GROUP",
+            &format!("{}resolver", common.topics.prefix),
+        );
+        let max_batch_records = env.parse("SLUICE_BATCH_MAX_RECORDS", 1_000usize);
+        let max_batch_time = env.millis("SLUICE_BATCH_MAX_MS", Duration::from_millis(100));
+        if max_batch_records == 0 {
+            env.problem("SLUICE_BATCH_MAX_RECORDS must be at least 1");
+        }
+        env.finish(Options {
+            common,
+            group_id,
+            max_batch_records,
+            max_batch_time,
+        })
     }
 }
 
@@ -36,10 +69,81 @@ impl Options {
 pub enum Error {
     #[error(transparent)]
     Start(#[from] StartError),
+    #[error("transactional loop: {0}")]
+    Loop(#[from] txn::Error),
+    #[error("{0}")]
+    Topology(String),
+    #[error("the work loop panicked: {0}")]
+    Panicked(String),
 }
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
+    metrics::describe();
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
-    started.hold_until_stopped(SERVICE, shutdown).await;
-    Ok(())
+    let c = &options.common;
+    let deps = c.topics.name(Topic::Dependencies);
+    let progress = c.topics.name(Topic::ResolverProgress);
+    sluice_kit::topics::check_copartitioned(&c.kafka, &deps, &progress).map_err(Error::Topology)?;
+    let client_id = format!("sluice-{SERVICE}-{}", c.instance);
+    let codec = Codec::new(c.schema_registry_url.as_deref());
+    let runtime = tokio::runtime::Handle::current();
+    let table = table::GlobalTable::new();
+    let reader = table.spawn_reader(
+        c.kafka.reader_config(&format!("{client_id}-table")),
+        c.topics.name(Topic::AssetState),
+        Codec::new(c.schema_registry_url.as_deref()),
+        runtime.clone(),
+        shutdown.flag(),
+        c.kafka.request_timeout,
+    );
+    let processor = resolve::Resolve::new(
+        codec,
+        runtime,
+        resolve::Topics {
+            dependencies: deps.clone(),
+            progress,
+            triggers: c.topics.name(Topic::Triggers),
+        },
+        table,
+        c.kafka.reader_config(&format!("{client_id}-restore")),
+        c.kafka.request_timeout,
+    );
+    let loop_options = txn::Options {
+        group_id: options.group_id.clone(),
+        input_topics: vec![deps],
+        dead_letter_topic: c.topics.name(Topic::DeadLetter),
+        max_records: options.max_batch_records,
+        max_batch_time: options.max_batch_time,
+        request_timeout: c.kafka.request_timeout,
+        retry_backoff: Duration::from_millis(200),
+    };
+    let consumer = c.kafka.consumer_config(&client_id, &options.group_id);
+    let producer = c.kafka.transactional_producer_config(
+        &client_id,
+        &format!("{}{SERVICE}-{}", c.topics.prefix, c.instance),
+    );
+    let health = started.health.clone();
+    let stop = shutdown.flag();
+    let work = tokio::task::spawn_blocking(move || {
+        let l = TxnLoop::new(
+            &consumer,
+            &producer,
+            processor,
+            loop_options,
+            health.clone(),
+            stop,
+        )?;
+        health.set_ready(true);
+        l.run().map(|_| ())
+    });
+    tracing::info!(service = SERVICE, admin = %started.admin_addr, "running");
+    let result = work.await;
+    started.health.set_stopping();
+    shutdown.trigger();
+    let _ = started.admin_task.await;
+    let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+    match result {
+        Ok(r) => r.map_err(Error::from),
+        Err(join) => Err(Error::Panicked(join.to_string())),
+    }
 }

@@ -4,7 +4,10 @@
 //! `pending`, merged on commit and dropped on abort, so memory always equals what
 //! the asset-state topic holds after the last committed transaction.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+// foldhash: SipHash of the asset key was a visible share of the per-event cost.
+use foldhash::{HashMap, HashMapExt};
 
 use sluice_core::state::Stale;
 use sluice_core::{AssetEvent, AssetKey, AssetState, FoldOutcome};
@@ -133,6 +136,7 @@ impl Processor for Fold {
                     })?;
                 Ok(vec![Output {
                     topic: state_topic.clone(),
+                    partition: None,
                     key: event.asset_key.as_str().as_bytes().to_vec(),
                     payload: Some(bytes),
                     headers: Vec::new(),

@@ -74,7 +74,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let c = &options.common;
     let events = c.topics.name(Topic::AssetEvents);
     let states = c.topics.name(Topic::AssetState);
-    check_copartitioned(c, &events, &states)?;
+    sluice_kit::topics::check_copartitioned(&c.kafka, &events, &states).map_err(Error::Topology)?;
     let client_id = format!("sluice-{SERVICE}-{}", c.instance);
     let restorer = restore::Restorer::new(
         c.kafka.reader_config(&format!("{client_id}-restore")),
@@ -126,27 +126,4 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         Ok(r) => r.map_err(Error::from),
         Err(join) => Err(Error::Panicked(join.to_string())),
     }
-}
-
-/// asset-events partition p restores from asset-state partition p: the counts must match.
-fn check_copartitioned(c: &Common, events: &str, states: &str) -> Result<(), Error> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let probe: BaseConsumer = c
-        .kafka
-        .reader_config("sluice-state-updater-probe")
-        .create()
-        .map_err(|e| Error::Topology(e.to_string()))?;
-    let count = |t: &str| -> Result<usize, Error> {
-        let md = probe
-            .fetch_metadata(Some(t), c.kafka.request_timeout)
-            .map_err(|e| Error::Topology(format!("metadata of {t}: {e}")))?;
-        Ok(md.topics().first().map_or(0, |t| t.partitions().len()))
-    };
-    let (e, s) = (count(events)?, count(states)?);
-    if e != s {
-        return Err(Error::Topology(format!(
-            "{events} has {e} partitions but {states} has {s}: they must be co-partitioned (same count)"
-        )));
-    }
-    Ok(())
 }

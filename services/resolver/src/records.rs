@@ -1,0 +1,166 @@
+//! The resolver's Avro records: resolver-progress and trigger-request. Serde names
+//! match the Avro record names (the schema-aware serializer checks them).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sluice_core::condition::Baseline;
+use sluice_core::{AssetKey, TriggerKey};
+
+use crate::decide::{Fire, Progress};
+use crate::spec::{DependencySpec, WireTargetKind};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "ResolverProgress")]
+pub struct ProgressRecord {
+    pub dependency_id: String,
+    pub dependency_version: i64,
+    pub last_trigger_key: Option<String>,
+    pub last_triggered_ms: Option<i64>,
+    pub baselines: Vec<InputBaseline>,
+    pub pending_since_ms: Option<i64>,
+    pub fire_at_ms: Option<i64>,
+    pub last_window_end_ms: Option<i64>,
+    pub triggered_partitions: Vec<String>,
+    pub triggers_total: i64,
+    pub suppressed_total: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "InputBaseline")]
+pub struct InputBaseline {
+    pub asset_key: String,
+    pub sequence: Option<i64>,
+    pub data_sequence: Option<i64>,
+    pub commit_count: i64,
+    pub data_commit_count: i64,
+    pub schema_id: Option<i64>,
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl ProgressRecord {
+    pub fn new(id: &str, p: &Progress) -> Self {
+        ProgressRecord {
+            dependency_id: id.to_owned(),
+            dependency_version: p.version,
+            last_trigger_key: p.last_trigger_key.as_ref().map(|k| k.as_str().to_owned()),
+            last_triggered_ms: p.last_triggered_ms,
+            baselines: p
+                .baselines
+                .iter()
+                .map(|(a, b)| InputBaseline {
+                    asset_key: a.as_str().to_owned(),
+                    sequence: b.sequence,
+                    data_sequence: b.data_sequence,
+                    commit_count: to_i64(b.commit_count),
+                    data_commit_count: to_i64(b.data_commit_count),
+                    schema_id: b.schema_id,
+                })
+                .collect(),
+            pending_since_ms: p.pending_since_ms,
+            fire_at_ms: p.fire_at_ms,
+            last_window_end_ms: p.last_window_end_ms,
+            triggered_partitions: p.triggered_partitions.iter().cloned().collect(),
+            triggers_total: to_i64(p.triggers_total),
+            suppressed_total: to_i64(p.suppressed_total),
+        }
+    }
+
+    /// Back to the pure progress; a record with a bad asset key or a negative
+    /// counter is refused whole.
+    pub fn into_progress(self) -> Result<Progress, String> {
+        let count =
+            |v: i64, what: &str| u64::try_from(v).map_err(|_| format!("{what} is negative ({v})"));
+        let mut baselines = BTreeMap::new();
+        for b in self.baselines {
+            let asset = AssetKey::parse(&b.asset_key).map_err(|e| format!("baseline: {e}"))?;
+            baselines.insert(
+                asset,
+                Baseline {
+                    sequence: b.sequence,
+                    data_sequence: b.data_sequence,
+                    commit_count: count(b.commit_count, "commit_count")?,
+                    data_commit_count: count(b.data_commit_count, "data_commit_count")?,
+                    schema_id: b.schema_id,
+                },
+            );
+        }
+        Ok(Progress {
+            version: self.dependency_version,
+            last_trigger_key: self.last_trigger_key.map(TriggerKey::from_wire),
+            last_triggered_ms: self.last_triggered_ms,
+            baselines,
+            pending_since_ms: self.pending_since_ms,
+            fire_at_ms: self.fire_at_ms,
+            last_window_end_ms: self.last_window_end_ms,
+            triggered_partitions: self.triggered_partitions.into(),
+            triggers_total: count(self.triggers_total, "triggers_total")?,
+            suppressed_total: count(self.suppressed_total, "suppressed_total")?,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TriggerRequest")]
+pub struct TriggerRecord {
+    pub trigger_key: String,
+    pub dependency_id: String,
+    pub dependency_version: i64,
+    pub target: TriggerTarget,
+    pub inputs: Vec<TriggerInput>,
+    pub partition: Option<String>,
+    pub window_end_ms: Option<i64>,
+    pub reason: String,
+    pub first_commit_ms: i64,
+    pub requested_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TriggerTarget")]
+pub struct TriggerTarget {
+    pub kind: WireTargetKind,
+    pub name: String,
+    pub parameters: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TriggerInput")]
+pub struct TriggerInput {
+    pub asset_key: String,
+    pub snapshot_id: i64,
+    pub sequence: i64,
+    pub watermark_ms: Option<i64>,
+}
+
+impl TriggerRecord {
+    pub fn new(spec: &DependencySpec, fire: &Fire) -> Self {
+        TriggerRecord {
+            trigger_key: fire.key.as_str().to_owned(),
+            dependency_id: spec.id.clone(),
+            dependency_version: spec.version,
+            target: TriggerTarget {
+                kind: spec.target.kind.into(),
+                name: spec.target.name.clone(),
+                parameters: spec.target.parameters.clone(),
+            },
+            inputs: fire
+                .inputs
+                .iter()
+                .map(|i| TriggerInput {
+                    asset_key: i.asset.as_str().to_owned(),
+                    snapshot_id: i.snapshot_id,
+                    sequence: i.sequence,
+                    watermark_ms: i.watermark_ms,
+                })
+                .collect(),
+            partition: fire.partition.clone(),
+            window_end_ms: fire.window_end_ms,
+            reason: fire.reason.clone(),
+            first_commit_ms: fire.first_commit_ms,
+            requested_ms: fire.requested_ms,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The global asset-state table: every resolver instance reads all partitions of
+//! asset-state (a dependency may read any asset), keeps the newest revision of
+//! each asset, and queues the keys that changed for the next evaluation pass.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use foldhash::{HashMap, HashMapExt};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_core::{AssetKey, AssetState};
+use sluice_kit::wire::StateRecord;
+use sluice_kit::{Codec, SchemaName};
+
+use crate::metrics as m;
+
+pub type States = HashMap<AssetKey, (AssetState, i64)>;
+
+pub struct GlobalTable {
+    states: RwLock<States>,
+    changed: Mutex<Vec<AssetKey>>,
+    caught_up: AtomicBool,
+    records: AtomicU64,
+    failed: Mutex<Option<String>>,
+}
+
+impl GlobalTable {
+    pub fn new() -> Arc<Self> {
+        Arc::new(GlobalTable {
+            states: RwLock::new(HashMap::new()),
+            changed: Mutex::new(Vec::new()),
+            caught_up: AtomicBool::new(false),
+            records: AtomicU64::new(0),
+            failed: Mutex::new(None),
+        })
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, States> {
+        self.states.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keys changed since the last call (possibly repeated).
+    pub fn drain_changed(&self) -> Vec<AssetKey> {
+        std::mem::take(&mut *self.changed.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// True once every partition was read to the end it had when reading began:
+    /// before that, evaluating would judge dependencies on a partial, older view.
+    pub fn caught_up(&self) -> bool {
+        self.caught_up.load(Ordering::Acquire)
+    }
+
+    pub fn records_read(&self) -> u64 {
+        self.records.load(Ordering::Relaxed)
+    }
+
+    /// Why the reader stopped, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Waits until caught up; false on timeout or if the reader failed.
+    pub fn wait_caught_up(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while !self.caught_up() {
+            if Instant::now() > until || self.failure().is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Applies one asset-state record: the newest revision wins, so a replayed or
+    /// older record never moves an asset back. Returns whether the state changed.
+    pub fn apply(&self, key: AssetKey, value: Option<(AssetState, i64)>) -> bool {
+        let mut states = self.states.write().unwrap_or_else(|p| p.into_inner());
+        let changed = match value {
+            None => states.remove(&key).is_some(),
+            Some((state, revision)) => match states.get(&key) {
+                Some((_, have)) if *have >= revision => false,
+                _ => {
+                    states.insert(key.clone(), (state, revision));
+                    true
+                }
+            },
+        };
+        drop(states);
+        if changed {
+            self.changed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(key);
+        }
+        changed
+    }
+
+    /// Reads asset-state on a thread of its own until `stop`.
+    pub fn spawn_reader(
+        self: &Arc<Self>,
+        config: ClientConfig,
+        topic: String,
+        codec: Codec,
+        runtime: tokio::runtime::Handle,
+        stop: Arc<AtomicBool>,
+        timeout: Duration,
+    ) -> std::thread::JoinHandle<()> {
+        let table = self.clone();
+        std::thread::Builder::new()
+            .name("asset-state-reader".into())
+            .spawn(move || {
+                if let Err(e) = table.read_loop(config, &topic, &codec, &runtime, &stop, timeout) {
+                    tracing::error!(error = %e, "asset-state reader stopped");
+                    *table.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+            })
+            .expect("spawning a thread")
+    }
+
+    fn read_loop(
+        &self,
+        mut config: ClientConfig,
+        topic: &str,
+        codec: &Codec,
+        runtime: &tokio::runtime::Handle,
+        stop: &AtomicBool,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        config.set("enable.partition.eof", "true");
+        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+        let md = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        let count = md.topics().first().map_or(0, |t| t.partitions().len());
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..count {
+            tpl.add_partition_offset(topic, p as i32, Offset::Beginning)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let mut behind: std::collections::BTreeSet<i32> = (0..count as i32).collect();
+        if behind.is_empty() {
+            self.caught_up.store(true, Ordering::Release);
+        }
+        while !stop.load(Ordering::Relaxed) {
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    if behind.remove(&p) && behind.is_empty() {
+                        metrics::histogram!(m::TABLE_RESTORE_SECONDS)
+                            .record(started.elapsed().as_secs_f64());
+                        tracing::info!(
+                            records = self.records_read(),
+                            seconds = started.elapsed().as_secs_f64(),
+                            "asset-state table caught up"
+                        );
+                        self.caught_up.store(true, Ordering::Release);
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "asset-state read error"),
+                Some(Ok(msg)) => {
+                    self.records.fetch_add(1, Ordering::Relaxed);
+                    let at = || format!("asset-state {}@{}", msg.partition(), msg.offset());
+                    let decoded = decode(&msg, codec, runtime);
+                    match decoded {
+                        Ok((key, value)) => {
+                            self.apply(key, value);
+                        }
+                        Err(e) => {
+                            // The state-updater wrote it; a record we cannot read is
+                            // a bug or a foreign writer. Counted and logged, not guessed at.
+                            metrics::counter!(m::TABLE_UNREADABLE_TOTAL).increment(1);
+                            tracing::error!(record = %at(), error = %e, "unreadable asset-state record skipped");
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode(
+    msg: &rdkafka::message::BorrowedMessage<'_>,
+    codec: &Codec,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(AssetKey, Option<(AssetState, i64)>), String> {
+    let key = msg
+        .key()
+        .and_then(|k| std::str::from_utf8(k).ok())
+        .ok_or("key is not UTF-8")?;
+    let key = AssetKey::parse(key).map_err(|e| e.to_string())?;
+    let Some(payload) = msg.payload() else {
+        return Ok((key, None));
+    };
+    let record: StateRecord = runtime
+        .block_on(codec.decode(SchemaName::AssetState, payload))
+        .map_err(|e| e.to_string())?;
+    let (state, revision) = record.into_state()?;
+    if state.asset_key != key {
+        return Err(format!(
+            "record key {key} is not the state's asset {}",
+            state.asset_key
+        ));
+    }
+    Ok((key, Some((state, revision))))
+}
