@@ -153,3 +153,48 @@ pub fn committed_total(
         })
         .sum())
 }
+
+/// Every committed record of `topic` (partitions `0..partitions`), per key in log
+/// order; a tombstone is an empty payload.
+pub fn read_topic(
+    topic: &str,
+    partitions: i32,
+) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut cfg = kafka().reader_config(&unique("reader"));
+    cfg.set("enable.partition.eof", "true");
+    let c: BaseConsumer = cfg.create().expect("reader");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    c.assign(&tpl).expect("assign");
+    let mut out: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
+    let mut eof = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while eof < partitions && Instant::now() < deadline {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => out
+                .entry(String::from_utf8_lossy(m.key().unwrap_or_default()).to_string())
+                .or_default()
+                .push(m.payload().unwrap_or_default().to_vec()),
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => eof += 1,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Resident memory of this process (Linux `/proc/self/statm`), for benchmarks.
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}

@@ -10,15 +10,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{
     AssetEvent, AssetKey, AssetState, EventKind, EventSource, FoldOutcome, Operation, TableFormat,
 };
 use sluice_integration_tests::{
-    bootstrap, committed_total, free_port, kafka, service_binary, unique,
+    bootstrap, committed_total, free_port, kafka, read_topic, service_binary, unique,
 };
 use sluice_kit::topics::{self, Topic, TopicNames};
 use sluice_kit::wire::StateRecord;
@@ -175,31 +172,8 @@ impl Run {
         }
     }
 
-    /// Every committed record of a topic, per key in log order.
     fn read(&self, topic: Topic) -> BTreeMap<String, Vec<Vec<u8>>> {
-        let mut cfg = kafka().reader_config(&unique("reader"));
-        cfg.set("enable.partition.eof", "true");
-        let c: BaseConsumer = cfg.create().expect("reader");
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
-            tpl.add_partition_offset(&self.names.name(topic), p, Offset::Beginning)
-                .expect("tpl");
-        }
-        c.assign(&tpl).expect("assign");
-        let mut out: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
-        let mut eof = 0;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while eof < PARTITIONS && Instant::now() < deadline {
-            match c.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => out
-                    .entry(String::from_utf8_lossy(m.key().unwrap_or_default()).to_string())
-                    .or_default()
-                    .push(m.payload().unwrap_or_default().to_vec()),
-                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => eof += 1,
-                _ => {}
-            }
-        }
-        out
+        read_topic(&self.names.name(topic), PARTITIONS)
     }
 
     /// Compares asset-state with the pure fold of `events` in per-asset log order.

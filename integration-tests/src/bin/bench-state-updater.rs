@@ -16,7 +16,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
-use sluice_integration_tests::{bootstrap, committed_total, unique};
+use sluice_integration_tests::{bootstrap, committed_total, rss_bytes, unique};
 use sluice_kit::config::Env;
 use sluice_kit::kafka::KafkaOptions;
 use sluice_kit::topics::{self, Topic, TopicNames};
@@ -26,16 +26,6 @@ use sluice_state_updater::restore::Restorer;
 
 const PARTITIONS: i32 = 4;
 const T: Duration = Duration::from_secs(30);
-
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
-}
 
 /// Reads a topic to its end (read_committed); returns (records, seconds).
 fn raw_consume(kafka: &KafkaOptions, topic: &str) -> (u64, f64) {

@@ -191,7 +191,7 @@ fn per_partition<'s>(
     let mut candidates: Vec<String> = spec
         .inputs()
         .iter()
-        .filter_map(|a| states(a))
+        .filter_map(states)
         .flat_map(|s| s.recent_partitions().into_iter().map(str::to_owned))
         .collect();
     candidates.sort();

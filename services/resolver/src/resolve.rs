@@ -270,8 +270,18 @@ impl Resolve {
             },
         )?;
         let mut loaded = 0usize;
+        // In log order, so a spec that closed a cycle is refused again, as it was
+        // when first consumed.
+        let mut specs: Vec<_> = specs.into_iter().collect();
+        specs.sort_by_key(|(_, (p, offset, _))| (*p, *offset));
         for (id, (partition, offset, spec)) in specs {
             let Some(spec) = spec else { continue };
+            let held = self.deps.values().map(|o| &o.spec);
+            if let Err(e) = check_cycles(held.chain(std::iter::once(&spec))) {
+                metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
+                tracing::warn!(dependency = %id, error = %e, "spec refused on restore");
+                continue;
+            }
             let progress = progress.remove(&id).unwrap_or_else(|| Progress {
                 version: spec.version,
                 ..Progress::default()

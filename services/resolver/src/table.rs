@@ -53,6 +53,11 @@ impl GlobalTable {
         self.caught_up.load(Ordering::Acquire)
     }
 
+    /// For a table filled by [`GlobalTable::apply`] alone (embedding, benchmarks).
+    pub fn mark_caught_up(&self) {
+        self.caught_up.store(true, Ordering::Release);
+    }
+
     pub fn records_read(&self) -> u64 {
         self.records.load(Ordering::Relaxed)
     }
@@ -152,18 +157,19 @@ impl GlobalTable {
         while !stop.load(Ordering::Relaxed) {
             match consumer.poll(Duration::from_millis(100)) {
                 None => {}
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    if behind.remove(&p) && behind.is_empty() {
-                        metrics::histogram!(m::TABLE_RESTORE_SECONDS)
-                            .record(started.elapsed().as_secs_f64());
-                        tracing::info!(
-                            records = self.records_read(),
-                            seconds = started.elapsed().as_secs_f64(),
-                            "asset-state table caught up"
-                        );
-                        self.caught_up.store(true, Ordering::Release);
-                    }
+                Some(Err(KafkaError::PartitionEOF(p)))
+                    if behind.remove(&p) && behind.is_empty() =>
+                {
+                    metrics::histogram!(m::TABLE_RESTORE_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                    tracing::info!(
+                        records = self.records_read(),
+                        seconds = started.elapsed().as_secs_f64(),
+                        "asset-state table caught up"
+                    );
+                    self.caught_up.store(true, Ordering::Release);
                 }
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
                 Some(Err(e)) => tracing::warn!(error = %e, "asset-state read error"),
                 Some(Ok(msg)) => {
                     self.records.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,169 @@
+//! Resolver benchmark, in process (no broker): the cost of one asset-state change
+//! through the real processor (inverted index, pure decision, record encoding)
+//! with few and many dependencies over many assets, and for a hot asset.
+//!
+//!   cargo run --release -p sluice-integration-tests --bin bench-resolver -- [assets]
+//!
+//! Default 1,000,000 assets. Dependencies read 2 assets each (ALL), spread evenly,
+//! so an asset is read by ~2·deps/assets dependencies; the hot asset is read by
+//! 10,000 more. Printed per state change: wall time and dependencies evaluated.
+
+use std::time::{Duration, Instant};
+
+use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
+use sluice_integration_tests::rss_bytes;
+use sluice_kit::txn::{Input, Processor};
+use sluice_kit::{Codec, SchemaName};
+use sluice_resolver::resolve::{Resolve, Topics};
+use sluice_resolver::spec::{DependencySpec, WireSpec};
+use sluice_resolver::table::GlobalTable;
+
+fn key(i: usize) -> AssetKey {
+    AssetKey::parse(&format!("lake.bench.t{i:07}")).expect("valid")
+}
+
+fn state(k: &AssetKey, seq: i64) -> AssetState {
+    let mut s = AssetState::new(k.clone(), TableFormat::Iceberg);
+    s.apply(&AssetEvent::committed(
+        k.clone(),
+        TableFormat::Iceberg,
+        seq * 10,
+        seq,
+        seq * 1_000,
+        EventSource::Push,
+    ));
+    s
+}
+
+fn spec(id: &str, a: &AssetKey, b: &AssetKey) -> DependencySpec {
+    DependencySpec::from_json(&format!(
+        r#"{{"id": "{id}", "version": 1, "owner_project": "bench", "target": {{"kind": "webhook", "name": "{id}"}},
+           "condition": {{"all": [{{"input": {{"asset": "{a}"}}}}, {{"input": {{"asset": "{b}"}}}}]}}}}"#
+    ))
+    .expect("valid spec")
+}
+
+struct Bench {
+    resolver: Resolve,
+    table: std::sync::Arc<GlobalTable>,
+    offset: i64,
+    runtime: tokio::runtime::Handle,
+    codec: Codec,
+}
+
+impl Bench {
+    fn add(&mut self, s: &DependencySpec) {
+        let bytes = self
+            .runtime
+            .block_on(
+                self.codec
+                    .encode(SchemaName::DependencySpec, "deps", &WireSpec::from(s)),
+            )
+            .expect("encode");
+        self.offset += 1;
+        let input = Input {
+            topic: "deps",
+            partition: 0,
+            offset: self.offset,
+            key: Some(s.id.as_bytes()),
+            payload: Some(&bytes),
+            timestamp_ms: None,
+            headers: Vec::new(),
+        };
+        self.resolver.process(&input).expect("spec accepted");
+        self.resolver.committed();
+    }
+
+    /// Applies `changes` state changes of the given assets, one pass each; returns
+    /// (time per change, outputs per change).
+    fn changes(&mut self, assets: &[AssetKey], seq: &mut i64) -> (Duration, f64) {
+        let mut outputs = 0usize;
+        let started = Instant::now();
+        for k in assets {
+            *seq += 1;
+            self.table.apply(k.clone(), Some((state(k, *seq), *seq)));
+            outputs += self.resolver.tick().expect("tick").len();
+            self.resolver.committed();
+        }
+        (
+            started.elapsed() / assets.len() as u32,
+            outputs as f64 / assets.len() as f64,
+        )
+    }
+}
+
+fn main() {
+    let assets: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let table = GlobalTable::new();
+    let rss0 = rss_bytes();
+    for i in 0..assets {
+        let k = key(i);
+        table.apply(k.clone(), Some((state(&k, 1), 1)));
+    }
+    table.drain_changed();
+    table.mark_caught_up();
+    let rss_assets = rss_bytes();
+    println!("resolver benchmark (in process): {assets} assets in the global table");
+    println!(
+        "  resident memory per asset                  {:>8} bytes",
+        (rss_assets - rss0) / assets as u64
+    );
+    let resolver = Resolve::new(
+        Codec::new(None),
+        rt.handle().clone(),
+        Topics {
+            dependencies: "deps".into(),
+            progress: "progress".into(),
+            triggers: "triggers".into(),
+        },
+        table.clone(),
+        rdkafka::ClientConfig::new(),
+        Duration::from_secs(1),
+    );
+    let mut b = Bench {
+        resolver,
+        table,
+        offset: 0,
+        runtime: rt.handle().clone(),
+        codec: Codec::new(None),
+    };
+    let mut seq = 1i64;
+    let sample: Vec<AssetKey> = (0..2_000).map(|i| key((i * 7_919) % assets)).collect();
+    let mut added = 0usize;
+    let mut base = None;
+    for deps in [1_000usize, 100_000] {
+        let before = rss_bytes();
+        for d in added..deps {
+            let a = key((d * 2) % assets);
+            let c = key((d * 2 + 1) % assets);
+            b.add(&spec(&format!("d{d:07}"), &a, &c));
+        }
+        let per_dep = (rss_bytes() - before) / (deps - added) as u64;
+        added = deps;
+        let (t, outs) = b.changes(&sample, &mut seq);
+        let base_t = *base.get_or_insert(t);
+        println!(
+            "  {deps:>7} dependencies: per state change {:>8.2} µs, {outs:.2} records out  ({:.2}× the 1k cost; ~{per_dep} bytes per dependency)",
+            t.as_secs_f64() * 1e6,
+            t.as_secs_f64() / base_t.as_secs_f64()
+        );
+    }
+    let hot = key(assets / 2 + 1);
+    for h in 0..10_000usize {
+        b.add(&spec(&format!("hot{h:05}"), &hot, &key((h * 13) % assets)));
+    }
+    let (t, outs) = b.changes(&vec![hot; 20], &mut seq);
+    println!(
+        "  hot asset read by 10,000 dependencies: per state change {:>10.2} µs ({:.2} µs per dependency evaluated, {outs:.0} records out)",
+        t.as_secs_f64() * 1e6,
+        t.as_secs_f64() * 1e6 / 10_000.0
+    );
+}

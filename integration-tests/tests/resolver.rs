@@ -1,0 +1,376 @@
+//! The resolver as a process against the real broker.
+//!
+//! A run is a sequence of rounds; each round commits one new snapshot of every
+//! asset (written to asset-state as the state-updater would) and waits until the
+//! resolver has emitted that round's triggers. The expected trigger keys are
+//! computed here with the same pure `decide::step`, round by round. The resolver is
+//! kill -9'd during rounds (and, in the second test, a second instance joins and
+//! one leaves); at the end every expected key is on the triggers topic exactly
+//! once under `read_committed`, and no other key is.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, Operation, TableFormat};
+use sluice_integration_tests::{bootstrap, free_port, kafka, read_topic, service_binary, unique};
+use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::wire::StateRecord;
+use sluice_kit::{Codec, SchemaName};
+use sluice_resolver::decide::{self, Cause, Progress};
+use sluice_resolver::records::TriggerRecord;
+use sluice_resolver::spec::{DependencySpec, WireSpec};
+
+const T: Duration = Duration::from_secs(30);
+const PARTITIONS: i32 = 4;
+const ASSETS: usize = 24;
+
+fn asset(i: usize) -> AssetKey {
+    AssetKey::parse(&format!("lake.ods.t{i:03}")).expect("valid")
+}
+
+/// 48 dependencies: ALL over 2–3 assets, per-partition ALL, commit-count, and
+/// nested ALL(ANY…) whose members all advance together (deterministic per round).
+fn specs() -> Vec<DependencySpec> {
+    let mut out = Vec::new();
+    for d in 0..48usize {
+        let a = asset(d % ASSETS);
+        let b = asset((d * 7 + 3) % ASSETS);
+        let c = asset((d * 5 + 11) % ASSETS);
+        let inputs: Vec<AssetKey> = [a, b, c]
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let leaf = |k: &AssetKey| format!(r#"{{"input": {{"asset": "{k}"}}}}"#);
+        let (condition, mode) = match d % 4 {
+            0 => (
+                format!(
+                    r#"{{"all": [{}]}}"#,
+                    inputs.iter().map(leaf).collect::<Vec<_>>().join(",")
+                ),
+                r#"{"kind": "snapshots"}"#,
+            ),
+            1 => (
+                format!(
+                    r#"{{"all": [{}]}}"#,
+                    inputs.iter().map(leaf).collect::<Vec<_>>().join(",")
+                ),
+                r#"{"kind": "per_partition"}"#,
+            ),
+            2 => (
+                format!(
+                    r#"{{"input": {{"asset": "{}", "predicates": [{{"kind": "commits_since_trigger", "at_least": 3, "include_compaction": false}}]}}}}"#,
+                    inputs[0]
+                ),
+                r#"{"kind": "snapshots"}"#,
+            ),
+            _ => (
+                format!(
+                    r#"{{"all": [{}, {{"any": [{}]}}]}}"#,
+                    leaf(&inputs[0]),
+                    inputs[1..].iter().map(leaf).collect::<Vec<_>>().join(",")
+                ),
+                r#"{"kind": "snapshots"}"#,
+            ),
+        };
+        let json = format!(
+            r#"{{"id": "dep-{d:03}", "version": 1, "owner_project": "it",
+                "target": {{"kind": "webhook", "name": "hook-{d:03}"}},
+                "condition": {condition}, "mode": {mode}}}"#
+        );
+        out.push(DependencySpec::from_json(&json).expect("test spec is valid"));
+    }
+    out
+}
+
+/// Asset states after `round` commits each (partition `r=NNN` per round).
+fn states_at(round: i64) -> BTreeMap<AssetKey, AssetState> {
+    let mut out = BTreeMap::new();
+    for i in 0..ASSETS {
+        let k = asset(i);
+        let mut s = AssetState::new(k.clone(), TableFormat::Iceberg);
+        for r in 1..=round {
+            let mut e = AssetEvent::committed(
+                k.clone(),
+                TableFormat::Iceberg,
+                r * 1_000 + i as i64,
+                r,
+                r * 60_000,
+                EventSource::Push,
+            );
+            e.partitions = vec![format!("r={r:03}")];
+            e.operation = Operation::Append;
+            s.apply(&e);
+        }
+        out.insert(k, s);
+    }
+    out
+}
+
+/// The keys the pure evaluator emits when every round is seen whole.
+fn expected_keys(specs: &[DependencySpec], rounds: i64) -> Vec<BTreeSet<String>> {
+    let mut progress: BTreeMap<&str, Progress> = BTreeMap::new();
+    let mut per_round = Vec::new();
+    for r in 1..=rounds {
+        let states = states_at(r);
+        let mut keys = BTreeSet::new();
+        for s in specs {
+            let p = progress.entry(&s.id).or_insert_with(|| Progress {
+                version: s.version,
+                ..Progress::default()
+            });
+            for f in decide::step(s, p, &|a| states.get(a), 0, Cause::Change).fires {
+                keys.insert(f.key.as_str().to_owned());
+            }
+        }
+        per_round.push(keys);
+    }
+    per_round
+}
+
+struct Run {
+    names: TopicNames,
+}
+
+impl Run {
+    async fn new() -> Self {
+        let names = TopicNames::with_prefix(&format!("{}.", unique("rs")), PARTITIONS);
+        let admin = kafka().admin("rs-test").expect("admin");
+        topics::bootstrap(&admin, &names, sluice_resolver::TOPICS, T)
+            .await
+            .expect("topics");
+        Run { names }
+    }
+
+    fn producer(&self) -> BaseProducer {
+        kafka()
+            .producer_config("rs-test")
+            .create()
+            .expect("producer")
+    }
+
+    async fn publish_specs(&self, specs: &[DependencySpec]) {
+        let codec = Codec::new(None);
+        let p = self.producer();
+        let topic = self.names.name(Topic::Dependencies);
+        for s in specs {
+            let bytes = codec
+                .encode(SchemaName::DependencySpec, &topic, &WireSpec::from(s))
+                .await
+                .expect("encode spec");
+            p.send(BaseRecord::to(&topic).key(&s.id).payload(&bytes))
+                .expect("send spec");
+        }
+        // Bad input on the dependencies topic: garbage, and a valid-looking spec
+        // that closes a cycle. Both must be dead-lettered; the rest keeps working.
+        p.send(
+            BaseRecord::to(&topic)
+                .key("garbage")
+                .payload(&[0xC3u8, 0x01, 0x02][..]),
+        )
+        .expect("send garbage");
+        let cyc = |id: &str, input: &str, out: &str| {
+            DependencySpec::from_json(&format!(
+                r#"{{"id": "{id}", "version": 1, "owner_project": "it", "target": {{"kind": "command", "name": "{id}"}},
+                   "condition": {{"input": {{"asset": "{input}"}}}}, "produces": "{out}"}}"#
+            ))
+            .expect("valid alone")
+        };
+        // Both on partition 0, so the instance that owns it sees the cycle whole.
+        for s in [
+            cyc("cyc-a", "lake.x.a", "lake.x.b"),
+            cyc("cyc-b", "lake.x.b", "lake.x.a"),
+        ] {
+            let bytes = codec
+                .encode(SchemaName::DependencySpec, &topic, &WireSpec::from(&s))
+                .await
+                .expect("encode");
+            p.send(
+                BaseRecord::to(&topic)
+                    .partition(0)
+                    .key(&s.id)
+                    .payload(&bytes),
+            )
+            .expect("send cycle spec");
+        }
+        p.flush(T).expect("flush");
+    }
+
+    async fn publish_round(&self, round: i64) {
+        let codec = Codec::new(None);
+        let p = self.producer();
+        let topic = self.names.name(Topic::AssetState);
+        for (k, s) in states_at(round) {
+            let bytes = codec
+                .encode(SchemaName::AssetState, &topic, &StateRecord::new(&s, round))
+                .await
+                .expect("encode state");
+            p.send(BaseRecord::to(&topic).key(k.as_str()).payload(&bytes))
+                .expect("send state");
+        }
+        p.flush(T).expect("flush");
+    }
+
+    fn spawn(&self, instance: &str) -> Child {
+        Command::new(service_binary("sluice-resolver"))
+            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+            .env("SLUICE_TOPIC_PREFIX", &self.names.prefix)
+            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+            .env("SLUICE_INSTANCE", instance)
+            .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn resolver")
+    }
+
+    /// Trigger keys on the topic (committed only), with how often each appears.
+    fn triggers(&self) -> BTreeMap<String, Vec<Vec<u8>>> {
+        read_topic(&self.names.name(Topic::Triggers), PARTITIONS)
+    }
+
+    fn wait_for(&self, want: &BTreeSet<String>, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let have: BTreeSet<String> = self.triggers().into_keys().collect();
+            if want.is_subset(&have) {
+                return;
+            }
+            let missing = want.difference(&have).count();
+            assert!(
+                Instant::now() < deadline,
+                "{missing} expected triggers still missing"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    async fn verify(&self, expected: &[BTreeSet<String>]) {
+        let all: BTreeSet<String> = expected.iter().flatten().cloned().collect();
+        let got = self.triggers();
+        let doubled: Vec<&String> = got
+            .iter()
+            .filter(|(_, v)| v.len() > 1)
+            .map(|(k, _)| k)
+            .collect();
+        let extra: Vec<&String> = got.keys().filter(|k| !all.contains(*k)).collect();
+        let lost: Vec<&String> = all.iter().filter(|k| !got.contains_key(*k)).collect();
+        println!(
+            "triggers: expected {}, got {}, lost {}, doubled {}, unexpected {}",
+            all.len(),
+            got.len(),
+            lost.len(),
+            doubled.len(),
+            extra.len()
+        );
+        assert!(lost.is_empty(), "lost: {lost:?}");
+        assert!(doubled.is_empty(), "doubled: {doubled:?}");
+        assert!(extra.is_empty(), "unexpected: {extra:?}");
+        // A trigger carries what the dispatcher needs.
+        let codec = Codec::new(None);
+        let (key, bytes) = got.iter().next().expect("some trigger");
+        let t: TriggerRecord = codec
+            .decode(SchemaName::TriggerRequest, &bytes[0])
+            .await
+            .expect("trigger decodes");
+        assert_eq!(&t.trigger_key, key);
+        assert!(t.dependency_id.starts_with("dep-") && t.dependency_version == 1);
+        assert!(
+            !t.inputs.is_empty()
+                && !t.reason.is_empty()
+                && t.first_commit_ms > 0
+                && t.requested_ms > 0
+        );
+        // Both bad spec records were dead-lettered, with their origin.
+        let dlq = read_topic(&self.names.name(Topic::DeadLetter), PARTITIONS);
+        assert!(
+            dlq.contains_key("garbage"),
+            "garbage spec dead-lettered: {:?}",
+            dlq.keys()
+        );
+        assert!(
+            dlq.contains_key("cyc-b"),
+            "cycle-closing spec dead-lettered: {:?}",
+            dlq.keys()
+        );
+    }
+}
+
+fn kill(child: &mut Child) {
+    // SIGKILL: no drain, no commit, whatever transaction was open stays open.
+    child.kill().expect("kill -9");
+    let _ = child.wait();
+}
+
+/// SIGTERM: the instance commits its open transaction and leaves the group, so its
+/// partitions move at once (a killed instance's would wait for the session timeout
+/// and its open transaction would hold back read_committed readers until aborted).
+fn stop(child: &mut Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_triggers_under_repeated_kill_9() {
+    const ROUNDS: i64 = 9;
+    let run = Run::new().await;
+    let specs = specs();
+    let expected = expected_keys(&specs, ROUNDS);
+    assert!(expected.iter().all(|r| !r.is_empty()));
+    run.publish_specs(&specs).await;
+    let mut resolver = run.spawn("a");
+    let mut want = BTreeSet::new();
+    for r in 1..=ROUNDS {
+        run.publish_round(r).await;
+        want.extend(expected[(r - 1) as usize].iter().cloned());
+        if r % 3 == 0 {
+            // Mid-round: the resolver is evaluating (or committing) this round.
+            tokio::time::sleep(Duration::from_millis(50 * r as u64)).await;
+            kill(&mut resolver);
+            resolver = run.spawn("a");
+        }
+        run.wait_for(&want, Duration::from_secs(90));
+    }
+    // A last restart with nothing new must emit nothing.
+    kill(&mut resolver);
+    resolver = run.spawn("a");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    kill(&mut resolver);
+    run.verify(&expected).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_and_a_rebalance_give_the_same_result() {
+    const ROUNDS: i64 = 8;
+    let run = Run::new().await;
+    let specs = specs();
+    let expected = expected_keys(&specs, ROUNDS);
+    run.publish_specs(&specs).await;
+    let mut a = run.spawn("a");
+    let mut b: Option<Child> = None;
+    let mut want = BTreeSet::new();
+    for r in 1..=ROUNDS {
+        run.publish_round(r).await;
+        want.extend(expected[(r - 1) as usize].iter().cloned());
+        match r {
+            3 => b = Some(run.spawn("b")), // partitions move to b mid-round
+            6 => stop(&mut a),             // and a leaves: all of them to b
+            _ => {}
+        }
+        run.wait_for(&want, Duration::from_secs(90));
+    }
+    if let Some(mut b) = b {
+        kill(&mut b);
+    }
+    run.verify(&expected).await;
+}
