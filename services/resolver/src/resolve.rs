@@ -369,16 +369,19 @@ impl Processor for Resolve {
                 metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
             }
         })?;
-        // Cycles are checked against every spec this instance holds.
-        let others = self
-            .deps
-            .values()
-            .filter(|o| o.spec.id != key)
-            .map(|o| &o.spec);
-        check_cycles(others.chain(std::iter::once(&spec))).map_err(|e| {
-            metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
-            ProcessError::Poison(e.to_string())
-        })?;
+        // Cycles are checked against every spec this instance holds; only a spec
+        // that produces an asset adds an edge, so only such a spec can close one.
+        if spec.produces.is_some() {
+            let others = self
+                .deps
+                .values()
+                .filter(|o| o.spec.id != key && o.spec.produces.is_some())
+                .map(|o| &o.spec);
+            check_cycles(others.chain(std::iter::once(&spec))).map_err(|e| {
+                metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
+                ProcessError::Poison(e.to_string())
+            })?;
+        }
         self.save(&key);
         let progress = match self.deps.remove(&key) {
             Some(old) => {
