@@ -25,6 +25,8 @@ pub struct GlobalTable {
     caught_up: AtomicBool,
     records: AtomicU64,
     failed: Mutex<Option<String>>,
+    /// The reader has ended (shutdown): waiting for it to catch up is pointless.
+    ended: AtomicBool,
 }
 
 impl GlobalTable {
@@ -35,6 +37,7 @@ impl GlobalTable {
             caught_up: AtomicBool::new(false),
             records: AtomicU64::new(0),
             failed: Mutex::new(None),
+            ended: AtomicBool::new(false),
         })
     }
 
@@ -74,7 +77,10 @@ impl GlobalTable {
     pub fn wait_caught_up(&self, timeout: Duration) -> bool {
         let until = Instant::now() + timeout;
         while !self.caught_up() {
-            if Instant::now() > until || self.failure().is_some() {
+            if Instant::now() > until
+                || self.failure().is_some()
+                || self.ended.load(Ordering::Acquire)
+            {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -124,6 +130,7 @@ impl GlobalTable {
                     tracing::error!(error = %e, "asset-state reader stopped");
                     *table.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 }
+                table.ended.store(true, Ordering::Release);
             })
             .expect("spawning a thread")
     }
