@@ -69,6 +69,17 @@ pub enum ProcessError {
     Fatal(String),
 }
 
+impl ProcessError {
+    /// An input that does not decode is poison; a schema-registry outage is retriable.
+    pub fn undecodable(e: &crate::CodecError) -> Self {
+        if e.is_retriable() {
+            ProcessError::Retriable(e.to_string())
+        } else {
+            ProcessError::Poison(e.to_string())
+        }
+    }
+}
+
 /// The service-specific part of the loop.
 pub trait Processor: Send {
     fn process(&mut self, input: &Input<'_>) -> Result<Vec<Output>, ProcessError>;

@@ -324,13 +324,7 @@ fn decode_spec(
 ) -> Result<DependencySpec, ProcessError> {
     let wire: WireSpec = runtime
         .block_on(codec.decode(SchemaName::DependencySpec, bytes))
-        .map_err(|e| {
-            if e.is_retriable() {
-                ProcessError::Retriable(e.to_string())
-            } else {
-                ProcessError::Poison(e.to_string())
-            }
-        })?;
+        .map_err(|e| ProcessError::undecodable(&e))?;
     DependencySpec::from_wire(key, wire).map_err(|e| ProcessError::Poison(e.to_string()))
 }
 

@@ -63,13 +63,7 @@ impl Fold {
         let event: AssetEvent = self
             .runtime
             .block_on(self.codec.decode(SchemaName::AssetEvent, payload))
-            .map_err(|e| {
-                if e.is_retriable() {
-                    ProcessError::Retriable(e.to_string())
-                } else {
-                    ProcessError::Poison(e.to_string())
-                }
-            })?;
+            .map_err(|e| ProcessError::undecodable(&e))?;
         let key = input.key.map(String::from_utf8_lossy).unwrap_or_default();
         if key != event.asset_key.as_str() {
             return Err(ProcessError::Poison(format!(
