@@ -198,3 +198,52 @@ pub fn rss_bytes() -> u64 {
         .unwrap_or(0);
     pages * 4096
 }
+
+/// Reads partitions `0..partitions` of `topic` to their end (read_committed), as a
+/// benchmark's raw-broker reference; returns (records, seconds).
+pub fn raw_consume(topic: &str, partitions: i32) -> (u64, f64) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut cfg = kafka().reader_config(&unique("raw"));
+    cfg.set("enable.partition.eof", "true");
+    let c: BaseConsumer = cfg.create().expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    c.assign(&tpl).expect("assign");
+    let started = Instant::now();
+    let (mut n, mut eof) = (0u64, 0);
+    while eof < partitions {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(_)) => n += 1,
+            Some(Err(KafkaError::PartitionEOF(_))) => eof += 1,
+            _ => {}
+        }
+    }
+    (n, started.elapsed().as_secs_f64())
+}
+
+/// Produces `records` (key, payload) to `topic` with the idempotent producer,
+/// waiting out a full queue; returns the rate in records/s, flush included.
+pub fn produce_all(topic: &str, records: &[(String, Vec<u8>)]) -> f64 {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = kafka().producer_config("bench").create().expect("producer");
+    let started = Instant::now();
+    for (k, v) in records {
+        let mut rec = BaseRecord::to(topic).key(k).payload(v);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    producer.poll(Duration::from_millis(5));
+                    rec = r;
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+    records.len() as f64 / started.elapsed().as_secs_f64()
+}

@@ -11,12 +11,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
-use sluice_integration_tests::{bootstrap, committed_total, rss_bytes, unique};
+use sluice_integration_tests::{
+    bootstrap, committed_total, produce_all, raw_consume, rss_bytes, unique,
+};
 use sluice_kit::config::Env;
 use sluice_kit::kafka::KafkaOptions;
 use sluice_kit::topics::{self, Topic, TopicNames};
@@ -26,29 +24,6 @@ use sluice_state_updater::restore::Restorer;
 
 const PARTITIONS: i32 = 4;
 const T: Duration = Duration::from_secs(30);
-
-/// Reads a topic to its end (read_committed); returns (records, seconds).
-fn raw_consume(kafka: &KafkaOptions, topic: &str) -> (u64, f64) {
-    let mut cfg = kafka.reader_config(&unique("raw"));
-    cfg.set("enable.partition.eof", "true");
-    let c: BaseConsumer = cfg.create().expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .expect("tpl");
-    }
-    c.assign(&tpl).expect("assign");
-    let started = Instant::now();
-    let (mut n, mut eof) = (0u64, 0);
-    while eof < PARTITIONS {
-        match c.poll(Duration::from_millis(200)) {
-            Some(Ok(_)) => n += 1,
-            Some(Err(KafkaError::PartitionEOF(_))) => eof += 1,
-            _ => {}
-        }
-    }
-    (n, started.elapsed().as_secs_f64())
-}
 
 #[tokio::main]
 async fn main() {
@@ -97,25 +72,10 @@ async fn main() {
                 .expect("encode"),
         ));
     }
-    let producer: BaseProducer = kafka.producer_config("bench").create().expect("producer");
-    let started = Instant::now();
-    for (k, v) in &payloads {
-        let mut rec = BaseRecord::to(&events_topic).key(k).payload(v);
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-            }
-        }
-    }
-    producer.flush(T).expect("flush");
-    let produce_rate = events as f64 / started.elapsed().as_secs_f64();
+    let produce_rate = produce_all(&events_topic, &payloads);
 
     // 2. Raw read_committed consume of asset-events.
-    let (n, secs) = raw_consume(&kafka, &events_topic);
+    let (n, secs) = raw_consume(&events_topic, PARTITIONS);
     let raw_rate = n as f64 / secs;
 
     // 3. The state-updater, in process, to the last committed offset.
@@ -160,7 +120,7 @@ async fn main() {
     let fold_rate = (events as i64 - c0) as f64 / done.duration_since(t0).as_secs_f64().max(1e-3);
 
     // 4. Restore of asset-state beside its raw consume.
-    let (state_records, raw_state_secs) = raw_consume(&kafka, &state_topic);
+    let (state_records, raw_state_secs) = raw_consume(&state_topic, PARTITIONS);
     let restorer = Restorer::new(
         kafka.reader_config(&unique("restore")),
         state_topic.clone(),
