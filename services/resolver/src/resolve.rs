@@ -21,7 +21,7 @@ use sluice_kit::{Codec, SchemaName};
 
 use crate::decide::{self, Cause, Progress};
 use crate::metrics as m;
-use crate::records::{ProgressRecord, TriggerRecord};
+use crate::records::{ProgressRecord, trigger_record};
 use crate::spec::{DependencySpec, WireSpec, check_cycles};
 use crate::table::GlobalTable;
 
@@ -177,7 +177,7 @@ impl Resolve {
                         reason = %fire.reason,
                         "trigger"
                     );
-                    let record = TriggerRecord::new(&owned.spec, fire);
+                    let record = trigger_record(&owned.spec, fire);
                     let payload = self
                         .runtime
                         .block_on(self.codec.encode(

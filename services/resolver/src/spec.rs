@@ -10,6 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use sluice_core::condition::ConditionError;
 use sluice_core::{AssetKey, Condition, InputCondition, Predicate};
+pub use sluice_kit::wire::WireTargetKind;
 
 /// The longest dependency id; ids are record keys, trigger-key fields and log labels.
 pub const MAX_ID_LEN: usize = 200;
@@ -281,16 +282,6 @@ pub struct WireTarget {
     pub kind: WireTargetKind,
     pub name: String,
     pub parameters: BTreeMap<String, String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename = "TargetKind", rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum WireTargetKind {
-    Airflow,
-    Dolphinscheduler,
-    Webhook,
-    Command,
-    Kafka,
 }
 
 impl From<TargetKind> for WireTargetKind {
