@@ -1,8 +1,26 @@
-//! The dispatcher service. Today it starts, applies its PostgreSQL migrations,
-//! takes an instance epoch, checks its topics and serves its admin port; the
-//! trigger intake and job lifecycle land with the dispatcher issue (#7).
+//! The dispatcher service: triggers topic → `trigger_history` (the unique
+//! trigger_key makes a trigger's effect happen once), then every job through the
+//! durable lifecycle of `lifecycle` against the targets of `targets`, with every
+//! transition published to the runs topic.
+//!
+//! Three loops share one PostgreSQL pool: `intake` (consumer group on triggers),
+//! `dispatch` (sweep, claim, send, follow, reconcile) and `publish` (outbox → runs).
 
+pub mod adapters;
+pub mod dispatch;
+pub mod intake;
+pub mod lifecycle;
+pub mod metrics;
+pub mod publish;
+pub mod store;
+pub mod targets;
+
+use std::sync::Arc;
 use std::time::Duration;
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::FutureProducer;
+use sluice_kit::Codec;
 
 use sluice_kit::config::{Common, ConfigErrors, Env, Secret};
 use sluice_kit::service::{self, StartError};
@@ -23,6 +41,14 @@ pub struct Options {
     /// `postgres://user[:password]@host:port/db`; may hold a password, so it is a secret.
     pub database_url: Secret,
     pub max_connections: u32,
+    pub targets: Arc<targets::Targets>,
+    /// Pause between dispatch rounds.
+    pub round: Duration,
+    /// How often a followed run or an UNKNOWN job is looked at.
+    pub look_every: Duration,
+    pub batch_max: usize,
+    pub batch_wait: Duration,
+    pub fault: dispatch::Fault,
 }
 
 impl Options {
@@ -43,10 +69,54 @@ impl Options {
             env.problem("SLUICE_DATABASE_URL is not a valid postgres:// URL");
         }
         let max_connections = env.parse("SLUICE_DATABASE_MAX_CONNECTIONS", 8u32);
+        let targets_json = match (
+            env.optional("SLUICE_TARGETS"),
+            env.optional("SLUICE_TARGETS_FILE"),
+        ) {
+            (Some(_), Some(_)) => {
+                env.problem("set SLUICE_TARGETS or SLUICE_TARGETS_FILE, not both");
+                "[]".to_owned()
+            }
+            (Some(json), None) => json,
+            (None, Some(path)) => std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                env.problem(format!("SLUICE_TARGETS_FILE {path}: {e}"));
+                "[]".to_owned()
+            }),
+            (None, None) => "[]".to_owned(),
+        };
+        let targets = targets::Targets::parse(&targets_json).unwrap_or_else(|problems| {
+            for p in problems {
+                env.problem(p);
+            }
+            targets::Targets::default()
+        });
+        let round = env.millis("SLUICE_DISPATCH_ROUND_MS", Duration::from_millis(100));
+        let look_every = env.millis("SLUICE_DISPATCH_LOOK_MS", Duration::from_millis(1_000));
+        let batch_max = env.parse("SLUICE_INTAKE_BATCH_MAX", 500usize);
+        let batch_wait = env.millis("SLUICE_INTAKE_BATCH_WAIT_MS", Duration::from_millis(20));
+        let fault = match env.optional("SLUICE_DISPATCHER_FAULT").as_deref() {
+            None | Some("") => dispatch::Fault::None,
+            Some("abort_after_mark_running") => dispatch::Fault::AbortAfterMarkRunning,
+            Some(other) => {
+                env.problem(format!(
+                    "SLUICE_DISPATCHER_FAULT {other:?}: the only fault is abort_after_mark_running (tests)"
+                ));
+                dispatch::Fault::None
+            }
+        };
+        if batch_max == 0 {
+            env.problem("SLUICE_INTAKE_BATCH_MAX must be at least 1");
+        }
         env.finish(Options {
             common,
             database_url,
             max_connections,
+            targets: Arc::new(targets),
+            round,
+            look_every,
+            batch_max,
+            batch_wait,
+            fault,
         })
     }
 }
@@ -59,6 +129,10 @@ pub enum Error {
     Database(#[from] sqlx::Error),
     #[error("migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("{0}")]
+    Loop(String),
 }
 
 /// Connects (retrying while PostgreSQL is not up yet) and applies the migrations.
@@ -100,11 +174,74 @@ pub async fn take_epoch(pool: &PgPool, instance: &str) -> Result<i64, Error> {
 }
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
+    metrics::describe();
     let pool = connect(&options, &shutdown).await?;
     let epoch = take_epoch(&pool, &options.common.instance).await?;
-    tracing::info!(epoch, "migrations applied; instance epoch taken");
+    tracing::info!(
+        epoch,
+        targets = options.targets.all().count(),
+        "migrations applied; instance epoch taken"
+    );
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
-    started.hold_until_stopped(SERVICE, shutdown).await;
+    let c = &options.common;
+    let client_id = format!("sluice-{SERVICE}-{}", c.instance);
+    let producer: FutureProducer = c.kafka.producer_config(&client_id).create()?;
+    let consumer: StreamConsumer = c
+        .kafka
+        .consumer_config(&client_id, &format!("{}{SERVICE}", c.topics.prefix))
+        .create()?;
+    consumer.subscribe(&[&c.topics.name(Topic::Triggers)])?;
+    let codec = Codec::new(c.schema_registry_url.as_deref());
+    let intake = intake::Intake {
+        consumer,
+        producer: producer.clone(),
+        codec,
+        pool: pool.clone(),
+        dead_letter: c.topics.name(Topic::DeadLetter),
+        batch_max: options.batch_max,
+        batch_wait: options.batch_wait,
+    };
+    let dispatcher = Arc::new(dispatch::Dispatcher {
+        pool: pool.clone(),
+        targets: options.targets.clone(),
+        adapters: adapters::Adapters::new(Some(producer.clone())),
+        epoch,
+        instance: c.instance.clone(),
+        round: options.round,
+        look_every: options.look_every,
+        fault: options.fault,
+    });
+    let publisher = publish::Publisher {
+        pool: pool.clone(),
+        producer,
+        codec: Codec::new(c.schema_registry_url.as_deref()),
+        topic: c.topics.name(Topic::Runs),
+        every: Duration::from_millis(100),
+    };
+    let health = started.health.clone();
+    health.set_ready(true);
+    tracing::info!(service = SERVICE, admin = %started.admin_addr, "ready");
+    let beat = tokio::spawn({
+        let health = health.clone();
+        async move {
+            loop {
+                health.beat();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    let (a, b, p) = tokio::join!(
+        tokio::spawn(intake.run(shutdown.clone())),
+        tokio::spawn(dispatcher.run(shutdown.clone())),
+        tokio::spawn(publisher.run(shutdown.clone())),
+    );
+    beat.abort();
+    health.set_stopping();
+    let _ = started.admin_task.await;
     pool.close().await;
+    for r in [a, b, p] {
+        r.map_err(|e| Error::Loop(e.to_string()))?
+            .map_err(Error::Loop)?;
+    }
     Ok(())
 }

@@ -1,0 +1,228 @@
+//! The dispatch rounds: sweep deadlines, claim due jobs per target within its
+//! caps (durable RUNNING before the send), send each invocation once, follow
+//! accepted runs to their end, reconcile UNKNOWN jobs by asking the target.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_kit::Shutdown;
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+
+use crate::adapters::Adapters;
+use crate::lifecycle::{self, Observed, Status, Transition};
+use crate::metrics as m;
+use crate::store::{self, ClaimLimits, Claimed, Expect};
+use crate::targets::{Kind, Target, Targets};
+
+/// Test-only fault injection (`SLUICE_DISPATCHER_FAULT=abort_after_mark_running`):
+/// the process dies like a kill -9 between markRunning and the send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    AbortAfterMarkRunning,
+}
+
+pub struct Dispatcher {
+    pub pool: PgPool,
+    pub targets: Arc<Targets>,
+    pub adapters: Arc<Adapters>,
+    pub epoch: i64,
+    pub instance: String,
+    pub round: Duration,
+    /// How often a followed run or an UNKNOWN job is looked at.
+    pub look_every: Duration,
+    pub fault: Fault,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Dispatcher {
+    pub async fn run(self: Arc<Self>, shutdown: Shutdown) -> Result<(), String> {
+        let mut sends: JoinSet<()> = JoinSet::new();
+        let mut failing = Duration::ZERO;
+        while !shutdown.is_stopping() {
+            while sends.try_join_next().is_some() {}
+            match self.round(&mut sends).await {
+                Ok(()) => failing = Duration::ZERO,
+                Err(e) => {
+                    // PostgreSQL away: nothing is lost (all state is in it); try again.
+                    failing =
+                        (failing * 2).clamp(Duration::from_millis(200), Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_ms = failing.as_millis() as u64, "dispatch round failed");
+                }
+            }
+            tokio::select! {
+                _ = shutdown.clone().wait_stopped() => break,
+                _ = tokio::time::sleep(self.round.max(failing)) => {}
+            }
+        }
+        // Sends under way finish and record their outcome; a send cut off by the
+        // grace period leaves a RUNNING job for the sweep, never a resend.
+        while sends.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    async fn round(self: &Arc<Self>, sends: &mut JoinSet<()>) -> sqlx::Result<()> {
+        let swept = store::sweep_deadlines(&self.pool).await?;
+        if !swept.is_empty() {
+            metrics::counter!(m::SWEPT_TOTAL).increment(swept.len() as u64);
+            tracing::warn!(jobs = swept.len(), "RUNNING past deadline → UNKNOWN");
+        }
+        for (kind, name) in store::due_targets(&self.pool).await? {
+            let Some(target) = Kind::parse(&kind).and_then(|k| self.targets.get(k, &name)) else {
+                let n =
+                    store::postpone_unroutable(&self.pool, &kind, &name, Duration::from_secs(30))
+                        .await?;
+                metrics::counter!(m::UNROUTABLE_TOTAL).increment(n);
+                tracing::warn!(kind, name, jobs = n, "no target configured; jobs wait");
+                continue;
+            };
+            let limits = ClaimLimits {
+                max_in_flight: target.limits.max_in_flight,
+                max_per_round: target.limits.max_per_round,
+                deadline: target.timing.deadline,
+            };
+            let claimed = store::claim(
+                &self.pool,
+                &kind,
+                &name,
+                &limits,
+                self.epoch,
+                &self.instance,
+            )
+            .await?;
+            if !claimed.is_empty() && self.fault == Fault::AbortAfterMarkRunning {
+                tracing::error!(
+                    jobs = claimed.len(),
+                    "fault injection: abort after markRunning"
+                );
+                std::process::abort();
+            }
+            for job in claimed {
+                let me = self.clone();
+                let target = target.clone();
+                sends.spawn(async move { me.send(target, job).await });
+            }
+        }
+        self.look(Status::Running).await?;
+        self.look(Status::Unknown).await?;
+        Ok(())
+    }
+
+    /// The one send of a claimed invocation, then its outcome under the invocation's guard.
+    async fn send(&self, target: Target, job: Claimed) {
+        let latency = (now_ms() - job.first_commit_ms).max(0) as f64 / 1000.0;
+        metrics::histogram!(m::COMMIT_TO_DISPATCH_SECONDS).record(latency);
+        let outcome = self.adapters.send(&target, &job).await;
+        let label = match &outcome {
+            lifecycle::SendOutcome::Accepted { .. } => "accepted",
+            lifecycle::SendOutcome::Failed { .. } => "failed",
+            lifecycle::SendOutcome::Refused { .. } => "refused",
+            lifecycle::SendOutcome::Unknown { .. } => "unknown",
+        };
+        metrics::counter!(m::SENDS_TOTAL, "kind" => job.target_kind.clone(), "outcome" => label)
+            .increment(1);
+        tracing::info!(trigger_key = %job.trigger_key, target = %job.target_name, attempt = job.attempt,
+            invocation = %job.invocation_id, outcome = ?outcome, latency_s = latency, "dispatched");
+        let t = lifecycle::after_send(outcome, job.attempt as u32, &target.policy);
+        let from = Expect {
+            trigger_key: &job.trigger_key,
+            revision: job.revision,
+            status: Status::Running,
+            owner: Some((&job.invocation_id, self.epoch)),
+        };
+        self.apply(&from, &t, &target).await;
+    }
+
+    /// Applies a transition, retrying while PostgreSQL is away; a lost
+    /// compare-and-set means another path (a sweep, a peer) settled the job first.
+    async fn apply(&self, from: &Expect<'_>, t: &Transition, target: &Target) {
+        let mut delay = Duration::from_millis(100);
+        for _ in 0..20 {
+            match store::transition(&self.pool, from, t, target.timing.run_timeout, self.epoch)
+                .await
+            {
+                Ok(true) => return,
+                Ok(false) => {
+                    metrics::counter!(m::TRANSITIONS_LOST_TOTAL).increment(1);
+                    tracing::warn!(trigger_key = from.trigger_key, transition = ?t, "transition lost: the job moved meanwhile");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, trigger_key = from.trigger_key, "recording a transition failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        // The deadline sweep converges a RUNNING job whose outcome could not be recorded.
+        tracing::error!(
+            trigger_key = from.trigger_key,
+            "transition not recorded; the sweep will settle the job"
+        );
+    }
+
+    /// Follows RUNNING jobs with an external run, or reconciles UNKNOWN jobs.
+    async fn look(&self, status: Status) -> sqlx::Result<()> {
+        let lease = self.look_every * 10;
+        let jobs =
+            store::lease_due(&self.pool, status, 200, self.epoch, lease, self.look_every).await?;
+        for job in jobs {
+            let Some(target) = Kind::parse(&job.target_kind)
+                .and_then(|k| self.targets.get(k, &job.target_name))
+                .cloned()
+            else {
+                continue;
+            };
+            let attempt = job.attempt as u32;
+            let t = match status {
+                Status::Running => {
+                    let seen = self.adapters.observe(&target, &job).await;
+                    lifecycle::after_follow(seen, attempt, &target.policy)
+                }
+                _ => {
+                    let seen = self.adapters.observe(&target, &job).await;
+                    match seen {
+                        Observed::CannotTell { reason } if Adapters::resend_is_safe(&target) => {
+                            if attempt < target.policy.max_attempts {
+                                Transition::Retry {
+                                    delay: Duration::ZERO,
+                                    reason: format!(
+                                        "resent under the same trigger_key (the receiver deduplicates): {reason}"
+                                    ),
+                                }
+                            } else {
+                                Transition::Fail {
+                                    reason: "outcome unknown and no attempts left".into(),
+                                }
+                            }
+                        }
+                        seen => lifecycle::after_reconcile(seen, attempt, &target.policy),
+                    }
+                }
+            };
+            if t == Transition::Stay {
+                continue;
+            }
+            tracing::info!(trigger_key = %job.trigger_key, from = status.as_str(), transition = ?t, "settled by asking the target");
+            if status == Status::Unknown {
+                metrics::counter!(m::RECONCILED_TOTAL).increment(1);
+            }
+            let owner =
+                (status == Status::Running).then_some((job.invocation_id.as_str(), self.epoch));
+            let from = Expect {
+                trigger_key: &job.trigger_key,
+                revision: job.revision,
+                status,
+                owner,
+            };
+            self.apply(&from, &t, &target).await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,197 @@
+//! Triggers topic → trigger_history. A consumer group spreads the partitions over
+//! instances; a batch is one INSERT, and offsets are committed only after it.
+//! A crash between the two replays the batch, and the unique trigger_key makes the
+//! replay a no-op: the only effect of a trigger is the job its first row created.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use sluice_kit::wire::TriggerRecord;
+use sluice_kit::{Codec, SchemaName, Shutdown};
+use sqlx::PgPool;
+
+use crate::metrics as m;
+use crate::store::{self, NewTrigger};
+
+pub struct Intake {
+    pub consumer: StreamConsumer,
+    pub producer: FutureProducer,
+    pub codec: Codec,
+    pub pool: PgPool,
+    pub dead_letter: String,
+    pub batch_max: usize,
+    pub batch_wait: Duration,
+}
+
+/// Why a triggers record cannot become a row: it goes to the dead-letter topic.
+fn to_row(msg: &BorrowedMessage<'_>, t: TriggerRecord) -> Result<NewTrigger, String> {
+    let key = msg.key().map(String::from_utf8_lossy);
+    if key.as_deref() != Some(t.trigger_key.as_str()) {
+        return Err(format!(
+            "record key {key:?} is not its trigger_key {:?}",
+            t.trigger_key
+        ));
+    }
+    if !t.trigger_key.starts_with("tk1-") || t.trigger_key.len() != 36 {
+        return Err(format!("malformed trigger_key {:?}", t.trigger_key));
+    }
+    let inputs: Vec<serde_json::Value> = t
+        .inputs
+        .iter()
+        .map(|i| {
+            serde_json::json!({"asset": i.asset_key, "snapshot_id": i.snapshot_id,
+                               "sequence": i.sequence, "watermark_ms": i.watermark_ms})
+        })
+        .collect();
+    Ok(NewTrigger {
+        trigger_key: t.trigger_key,
+        dependency_id: t.dependency_id,
+        dependency_version: t.dependency_version,
+        target_kind: serde_json::to_value(t.target.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        target_name: t.target.name,
+        target_parameters: serde_json::to_string(&t.target.parameters)
+            .map_err(|e| e.to_string())?,
+        inputs: serde_json::Value::Array(inputs).to_string(),
+        partition: t.partition,
+        window_end_ms: t.window_end_ms,
+        reason: t.reason,
+        first_commit_ms: t.first_commit_ms,
+        requested_ms: t.requested_ms,
+        source_partition: msg.partition(),
+        source_offset: msg.offset(),
+    })
+}
+
+impl Intake {
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), String> {
+        loop {
+            let first = tokio::select! {
+                _ = shutdown.clone().wait_stopped() => return Ok(()),
+                m = self.consumer.recv() => m,
+            };
+            let first = match first {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "triggers consume error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let mut batch = vec![first];
+            let until = Instant::now() + self.batch_wait;
+            while batch.len() < self.batch_max {
+                let left = until.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, self.consumer.recv()).await {
+                    Ok(Ok(m)) => batch.push(m),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "triggers consume error"),
+                    Err(_) => break,
+                }
+            }
+            if !self.handle(&batch, &shutdown).await {
+                return Ok(()); // stopping with the batch unrecorded: it is replayed
+            }
+        }
+    }
+
+    /// Records one batch; false if shutdown came first (nothing committed).
+    async fn handle(&self, batch: &[BorrowedMessage<'_>], shutdown: &Shutdown) -> bool {
+        let mut rows = Vec::with_capacity(batch.len());
+        for msg in batch {
+            let decoded = match msg.payload() {
+                None => Err("a tombstone on the triggers topic".to_owned()),
+                Some(bytes) => self
+                    .codec
+                    .decode::<TriggerRecord>(SchemaName::TriggerRequest, bytes)
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|t| to_row(msg, t)),
+            };
+            match decoded {
+                Ok(row) => rows.push(row),
+                Err(reason) => {
+                    if !self.dead_letter(msg, &reason, shutdown).await {
+                        return false;
+                    }
+                }
+            }
+        }
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match store::record_triggers(&self.pool, &rows).await {
+                Ok(new) => {
+                    metrics::counter!(m::TRIGGERS_RECORDED_TOTAL).increment(new.len() as u64);
+                    metrics::counter!(m::TRIGGERS_DUPLICATE_TOTAL)
+                        .increment((rows.len() - new.len()) as u64);
+                    break;
+                }
+                Err(e) if !shutdown.is_stopping() => {
+                    // PostgreSQL down: hold the batch (offsets stay uncommitted) and retry.
+                    tracing::warn!(error = %e, retry_ms = delay.as_millis() as u64, "recording triggers failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(_) => return false,
+            }
+        }
+        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for msg in batch {
+            let e = next
+                .entry((msg.topic().to_owned(), msg.partition()))
+                .or_insert(0);
+            *e = (*e).max(msg.offset() + 1);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, p), o) in next {
+            let _ = tpl.add_partition_offset(&topic, p, Offset::Offset(o));
+        }
+        // A failed commit (a rebalance) replays the batch; the unique key absorbs it.
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+            tracing::warn!(error = %e, "offset commit failed; the batch may be replayed");
+        }
+        true
+    }
+
+    async fn dead_letter(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        reason: &str,
+        shutdown: &Shutdown,
+    ) -> bool {
+        let out = sluice_kit::dlq::dead_letter(&self.dead_letter, msg, reason);
+        tracing::warn!(
+            partition = msg.partition(),
+            offset = msg.offset(),
+            error = reason,
+            "trigger dead-lettered"
+        );
+        metrics::counter!(m::TRIGGERS_DEAD_LETTERED_TOTAL).increment(1);
+        loop {
+            let mut headers = rdkafka::message::OwnedHeaders::new();
+            for (k, v) in &out.headers {
+                headers = headers.insert(rdkafka::message::Header {
+                    key: k,
+                    value: Some(v),
+                });
+            }
+            let mut record = FutureRecord::to(&out.topic).key(&out.key).headers(headers);
+            if let Some(p) = &out.payload {
+                record = record.payload(p);
+            }
+            match self.producer.send(record, Duration::from_secs(30)).await {
+                Ok(_) => return true,
+                Err((e, _)) if !shutdown.is_stopping() => {
+                    tracing::warn!(error = %e, "dead-letter send failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! PostgreSQL: trigger_history (the unique trigger_key), jobs and their
+//! compare-and-set transitions, the outbox of transitions for the runs topic.
+//!
+//! Every transition names the revision it expects; a job that moved meanwhile
+//! (a sweep, a late result, another instance) makes it a no-op that reports
+//! `false`. Transitions out of RUNNING also name the invocation and the epoch that
+//! owns it, so an instance that lost the job cannot touch it.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use crate::lifecycle::{Status, Transition};
+
+/// A trigger as read from the triggers topic, ready for trigger_history.
+#[derive(Clone, Debug)]
+pub struct NewTrigger {
+    pub trigger_key: String,
+    pub dependency_id: String,
+    pub dependency_version: i64,
+    pub target_kind: String,
+    pub target_name: String,
+    /// JSON object of strings.
+    pub target_parameters: String,
+    /// JSON array of the input combination.
+    pub inputs: String,
+    pub partition: Option<String>,
+    pub window_end_ms: Option<i64>,
+    pub reason: String,
+    pub first_commit_ms: i64,
+    pub requested_ms: i64,
+    pub source_partition: i32,
+    pub source_offset: i64,
+}
+
+/// Inserts a batch in one statement; only keys never seen before create a job.
+/// Returns the keys that were new.
+pub async fn record_triggers(pool: &PgPool, batch: &[NewTrigger]) -> sqlx::Result<Vec<String>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    macro_rules! col {
+        ($f:ident) => {
+            batch.iter().map(|t| t.$f.clone()).collect::<Vec<_>>()
+        };
+    }
+    sqlx::query_scalar(
+        r#"
+WITH input AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],
+                         $7::text[], $8::text[], $9::bigint[], $10::text[], $11::bigint[], $12::bigint[],
+                         $13::int[], $14::bigint[])
+      AS t(trigger_key, dependency_id, dependency_version, target_kind, target_name, target_parameters,
+           inputs, partition_value, window_end_ms, reason, first_commit_ms, requested_ms,
+           source_partition, source_offset)
+), new AS (
+    INSERT INTO trigger_history (trigger_key, dependency_id, dependency_version, target_kind, target_name,
+                                 target_parameters, inputs, partition_value, window_end_ms, reason,
+                                 first_commit_at, requested_at, source_partition, source_offset)
+    SELECT DISTINCT ON (trigger_key) trigger_key, dependency_id, dependency_version, target_kind, target_name,
+           target_parameters::jsonb, inputs::jsonb, partition_value, window_end_ms, reason,
+           to_timestamp(first_commit_ms / 1000.0), to_timestamp(requested_ms / 1000.0),
+           source_partition, source_offset
+    FROM input ORDER BY trigger_key, source_offset
+    ON CONFLICT (trigger_key) DO NOTHING
+    RETURNING trigger_key, dependency_id, target_kind, target_name
+)
+INSERT INTO jobs (trigger_key, dependency_id, status, target_kind, target_name)
+SELECT trigger_key, dependency_id, 'PENDING', target_kind, target_name FROM new
+RETURNING trigger_key"#,
+    )
+    .bind(col!(trigger_key))
+    .bind(col!(dependency_id))
+    .bind(col!(dependency_version))
+    .bind(col!(target_kind))
+    .bind(col!(target_name))
+    .bind(col!(target_parameters))
+    .bind(col!(inputs))
+    .bind(col!(partition))
+    .bind(col!(window_end_ms))
+    .bind(col!(reason))
+    .bind(col!(first_commit_ms))
+    .bind(col!(requested_ms))
+    .bind(col!(source_partition))
+    .bind(col!(source_offset))
+    .fetch_all(pool)
+    .await
+}
+
+/// The same batch one statement per trigger: the benchmark's baseline.
+pub async fn record_trigger_one_by_one(pool: &PgPool, t: &NewTrigger) -> sqlx::Result<bool> {
+    Ok(!record_triggers(pool, std::slice::from_ref(t))
+        .await?
+        .is_empty())
+}
+
+/// A job claimed for one invocation (RUNNING, durable), with what the send needs.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub trigger_key: String,
+    pub revision: i64,
+    pub attempt: i32,
+    pub invocation_id: String,
+    pub external_id: Option<String>,
+    pub status: Status,
+    pub dependency_id: String,
+    pub dependency_version: i64,
+    pub target_kind: String,
+    pub target_name: String,
+    pub target_parameters: serde_json::Value,
+    pub inputs: serde_json::Value,
+    pub partition: Option<String>,
+    pub window_end_ms: Option<i64>,
+    pub reason: String,
+    pub first_commit_ms: i64,
+}
+
+/// The columns a [`Claimed`] is read from (a macro so the SQL stays `'static`).
+macro_rules! claimed_columns {
+    () => {
+        "j.trigger_key, j.revision, j.attempt, j.invocation_id, j.external_id, j.status, \
+     h.dependency_id, h.dependency_version, h.target_kind, h.target_name, h.target_parameters::text AS params, \
+     h.inputs::text AS inputs, h.partition_value, h.window_end_ms, h.reason, \
+     (extract(epoch FROM h.first_commit_at) * 1000)::bigint AS first_commit_ms"
+    };
+}
+
+fn claimed(row: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
+    let json = |c: &str| -> sqlx::Result<serde_json::Value> {
+        let s: String = row.try_get(c)?;
+        serde_json::from_str(&s).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    };
+    let status: String = row.try_get("status")?;
+    Ok(Claimed {
+        trigger_key: row.try_get("trigger_key")?,
+        revision: row.try_get("revision")?,
+        attempt: row.try_get("attempt")?,
+        invocation_id: row
+            .try_get::<Option<String>, _>("invocation_id")?
+            .unwrap_or_default(),
+        external_id: row.try_get("external_id")?,
+        status: Status::parse(&status)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown job status {status:?}").into()))?,
+        dependency_id: row.try_get("dependency_id")?,
+        dependency_version: row.try_get("dependency_version")?,
+        target_kind: row.try_get("target_kind")?,
+        target_name: row.try_get("target_name")?,
+        target_parameters: json("params")?,
+        inputs: json("inputs")?,
+        partition: row.try_get("partition_value")?,
+        window_end_ms: row.try_get("window_end_ms")?,
+        reason: row.try_get("reason")?,
+        first_commit_ms: row.try_get("first_commit_ms")?,
+    })
+}
+
+/// Targets with PENDING jobs due now.
+pub async fn due_targets(pool: &PgPool) -> sqlx::Result<Vec<(String, String)>> {
+    sqlx::query_as(
+        "SELECT DISTINCT target_kind, target_name FROM jobs WHERE status = 'PENDING' AND next_attempt_at <= now()",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+pub struct ClaimLimits {
+    pub max_in_flight: u32,
+    pub max_per_round: u32,
+    pub deadline: Duration,
+}
+
+/// markRunning for up to the target's free capacity: PENDING → RUNNING with a
+/// fresh invocation id, this epoch and a deadline, committed before any send.
+/// The target's advisory lock makes the in-flight cap hold across instances.
+pub async fn claim(
+    pool: &PgPool,
+    kind: &str,
+    name: &str,
+    limits: &ClaimLimits,
+    epoch: i64,
+    instance: &str,
+) -> sqlx::Result<Vec<Claimed>> {
+    let mut tx: Transaction<'_, Postgres> = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 7))")
+        .bind(kind)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    let sql = concat!(
+        r#"
+WITH running AS (
+    SELECT count(*) AS n FROM jobs WHERE status = 'RUNNING' AND target_kind = $1 AND target_name = $2
+), picked AS (
+    SELECT trigger_key FROM jobs
+    WHERE status = 'PENDING' AND target_kind = $1 AND target_name = $2 AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, trigger_key
+    LIMIT GREATEST(0, LEAST($3::bigint, $4::bigint - (SELECT n FROM running)))
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET status = 'RUNNING', revision = j.revision + 1, attempt = j.attempt + 1,
+       invocation_id = gen_random_uuid()::text, epoch = $5, lease_owner = $6,
+       deadline_at = now() + $7 * interval '1 millisecond', lease_until = NULL,
+       external_id = NULL, reason = NULL, updated_at = now()
+FROM picked, trigger_history h
+WHERE j.trigger_key = picked.trigger_key AND h.trigger_key = j.trigger_key
+RETURNING "#,
+        claimed_columns!()
+    );
+    let rows = sqlx::query(sql)
+        .bind(kind)
+        .bind(name)
+        .bind(i64::from(limits.max_per_round))
+        .bind(i64::from(limits.max_in_flight))
+        .bind(epoch)
+        .bind(instance)
+        .bind(millis(limits.deadline))
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    rows.iter().map(claimed).collect()
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Where a transition comes from: its guard.
+#[derive(Clone, Debug)]
+pub struct Expect<'a> {
+    pub trigger_key: &'a str,
+    pub revision: i64,
+    pub status: Status,
+    /// For a job leaving RUNNING: the invocation and the epoch that own it.
+    pub owner: Option<(&'a str, i64)>,
+}
+
+/// Applies `t` if the job is still where `from` says. Returns whether it won.
+/// `follow_for` is the deadline of an external run being followed.
+pub async fn transition(
+    pool: &PgPool,
+    from: &Expect<'_>,
+    t: &Transition,
+    follow_for: Duration,
+    epoch: i64,
+) -> sqlx::Result<bool> {
+    let (status, reason, external_id, delay_ms): (Status, Option<&str>, Option<&str>, i64) = match t
+    {
+        Transition::Stay => return Ok(true),
+        Transition::Retry { delay, reason } => {
+            (Status::Pending, Some(reason.as_str()), None, millis(*delay))
+        }
+        Transition::Succeed { external_id } => (Status::Succeeded, None, external_id.as_deref(), 0),
+        Transition::Fail { reason } => (Status::Failed, Some(reason.as_str()), None, 0),
+        Transition::Follow { external_id } => (Status::Running, None, external_id.as_deref(), 0),
+        Transition::Unknown { reason } => (Status::Unknown, Some(reason.as_str()), None, 0),
+    };
+    let (inv, owner_epoch) = from.owner.unwrap_or(("", -1));
+    let done = sqlx::query(
+        r#"
+UPDATE jobs SET status = $1, revision = revision + 1, reason = COALESCE($2, reason),
+       external_id = COALESCE($3, external_id), next_attempt_at = now() + $4 * interval '1 millisecond',
+       deadline_at = CASE WHEN $1 = 'RUNNING' THEN now() + $5 * interval '1 millisecond' ELSE deadline_at END,
+       epoch = CASE WHEN $1 = 'RUNNING' THEN $6 ELSE epoch END,
+       updated_at = now()
+WHERE trigger_key = $7 AND revision = $8 AND status = $9
+  AND ($10 = '' OR (invocation_id = $10 AND epoch = $11))"#,
+    )
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(external_id)
+    .bind(delay_ms)
+    .bind(millis(follow_for))
+    .bind(epoch)
+    .bind(from.trigger_key)
+    .bind(from.revision)
+    .bind(from.status.as_str())
+    .bind(inv)
+    .bind(owner_epoch)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(done == 1)
+}
+
+/// Deadline sweep: RUNNING past its deadline → UNKNOWN, one row at a time under
+/// the same revision guard a result uses (a late result and the sweep never both win).
+pub async fn sweep_deadlines(pool: &PgPool) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        r#"
+UPDATE jobs SET status = 'UNKNOWN', revision = revision + 1,
+       reason = 'deadline passed without a trusted result', next_attempt_at = now(), updated_at = now()
+WHERE status = 'RUNNING' AND deadline_at < now()
+RETURNING trigger_key"#,
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Takes up to `limit` jobs in `status` that are due for a look (a RUNNING job
+/// being followed, an UNKNOWN job to reconcile) and not leased by a live peer:
+/// bumps their revision (fencing any previous holder) and leases them to `epoch`.
+pub async fn lease_due(
+    pool: &PgPool,
+    status: Status,
+    limit: i64,
+    epoch: i64,
+    lease: Duration,
+    next_look: Duration,
+) -> sqlx::Result<Vec<Claimed>> {
+    let sql = concat!(
+        r#"
+WITH due AS (
+    SELECT trigger_key FROM jobs
+    WHERE status = $1 AND next_attempt_at <= now()
+      AND (status <> 'RUNNING' OR external_id IS NOT NULL)
+      AND (lease_until IS NULL OR lease_until < now() OR epoch = $3)
+    ORDER BY next_attempt_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET revision = j.revision + 1, epoch = $3,
+       lease_until = now() + $4 * interval '1 millisecond',
+       next_attempt_at = now() + $5 * interval '1 millisecond'
+FROM due, trigger_history h
+WHERE j.trigger_key = due.trigger_key AND h.trigger_key = j.trigger_key
+RETURNING "#,
+        claimed_columns!()
+    );
+    let rows = sqlx::query(sql)
+        .bind(status.as_str())
+        .bind(limit)
+        .bind(epoch)
+        .bind(millis(lease))
+        .bind(millis(next_look))
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(claimed).collect()
+}
+
+/// A PENDING job whose target is not configured waits (it is kept, not failed):
+/// a configuration fix picks it up.
+pub async fn postpone_unroutable(
+    pool: &PgPool,
+    kind: &str,
+    name: &str,
+    wait: Duration,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        r#"
+UPDATE jobs SET next_attempt_at = now() + $3 * interval '1 millisecond',
+       reason = 'no target configured for ' || $1 || '/' || $2
+WHERE status = 'PENDING' AND target_kind = $1 AND target_name = $2 AND next_attempt_at <= now()"#,
+    )
+    .bind(kind)
+    .bind(name)
+    .bind(millis(wait))
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// One transition from the outbox, for the runs topic.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct TransitionRow {
+    pub id: i64,
+    pub trigger_key: String,
+    pub dependency_id: String,
+    pub target_kind: String,
+    pub target_name: String,
+    pub status: String,
+    pub revision: i64,
+    pub attempt: i32,
+    pub invocation_id: Option<String>,
+    pub external_id: Option<String>,
+    pub reason: Option<String>,
+    pub at_ms: i64,
+}
+
+/// The oldest unpublished transitions, if this transaction is the one publisher
+/// (one at a time across instances keeps each job's transitions in order on the
+/// runs topic); empty when another instance is publishing.
+pub async fn outbox_take(
+    tx: &mut Transaction<'_, Postgres>,
+    limit: i64,
+) -> sqlx::Result<Vec<TransitionRow>> {
+    let publisher: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(7, 1)")
+        .fetch_one(&mut **tx)
+        .await?;
+    if !publisher {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        r#"
+SELECT id, trigger_key, dependency_id, target_kind, target_name, status, revision, attempt,
+       invocation_id, external_id, reason, (extract(epoch FROM at) * 1000)::bigint AS at_ms
+FROM job_transitions ORDER BY id LIMIT $1"#,
+    )
+    .bind(limit)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+pub async fn outbox_done(tx: &mut Transaction<'_, Postgres>, ids: &[i64]) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM job_transitions WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
