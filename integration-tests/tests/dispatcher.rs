@@ -1,0 +1,756 @@
+//! The dispatcher as processes against the real broker and PostgreSQL, with
+//! in-process receivers: a webhook endpoint (checks the HMAC signature, counts
+//! every send, answers as told) and a DolphinScheduler stand-in (its documented
+//! start-process-instance and process-instance paths; DolphinScheduler is a Java
+//! service that cannot run here). The real Airflow is in `airflow.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use sluice_dispatcher::adapters::{
+    IDEMPOTENCY_HEADER, INVOCATION_HEADER, SIGNATURE_HEADER, signature,
+};
+use sluice_dispatcher::publish::{JobStatus, RunRecord};
+use sluice_integration_tests::{
+    bootstrap, free_port, fresh_database, kafka, read_topic, service_binary, unique,
+};
+use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::wire::{TriggerInput, TriggerRecord, TriggerTarget, WireTargetKind};
+use sluice_kit::{Codec, SchemaName};
+use sqlx::PgPool;
+
+const PARTITIONS: i32 = 4;
+const SECRET: &str = "it-secret";
+
+#[derive(Clone, Debug)]
+struct Call {
+    target: String,
+    key: String,
+    invocation: String,
+    signed: bool,
+}
+
+#[derive(Default)]
+struct Receiver {
+    calls: Vec<Call>,
+    /// Statuses to answer per trigger key, in order; then 200.
+    script: BTreeMap<String, Vec<u16>>,
+    in_flight: BTreeMap<String, usize>,
+    max_in_flight: BTreeMap<String, usize>,
+    delay: BTreeMap<String, Duration>,
+    /// DolphinScheduler stand-in: instance id → (startParams, polls so far).
+    ds_instances: BTreeMap<i64, (serde_json::Value, u32)>,
+}
+
+type Shared = Arc<Mutex<Receiver>>;
+
+async fn hook(
+    State(r): State<Shared>,
+    Path(target): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let h = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let call = Call {
+        target: target.clone(),
+        key: h(IDEMPOTENCY_HEADER),
+        invocation: h(INVOCATION_HEADER),
+        signed: h(SIGNATURE_HEADER) == signature(SECRET, &body),
+    };
+    let (delay, status) = {
+        let mut g = r.lock().expect("lock");
+        let n = g.in_flight.entry(target.clone()).or_default();
+        *n += 1;
+        let now = *n;
+        let max = g.max_in_flight.entry(target.clone()).or_default();
+        *max = (*max).max(now);
+        let status = g
+            .script
+            .get_mut(&call.key)
+            .and_then(|s| (!s.is_empty()).then(|| s.remove(0)))
+            .unwrap_or(200);
+        g.calls.push(call);
+        (g.delay.get(&target).copied().unwrap_or_default(), status)
+    };
+    tokio::time::sleep(delay).await;
+    *r.lock().expect("lock").in_flight.entry(target).or_default() -= 1;
+    StatusCode::from_u16(status).expect("status")
+}
+
+/// DolphinScheduler 3.x `POST /dolphinscheduler/projects/{projectCode}/executors/start-process-instance`
+/// (form body, `token` header; answers `{"code": 0, "msg": "success", "data": …}`,
+/// a business error as HTTP 200 with a non-zero code, e.g. 50014 for a missing definition).
+async fn ds_start(
+    State(r): State<Shared>,
+    Path(project): Path<String>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<BTreeMap<String, String>>,
+) -> (StatusCode, axum::Json<serde_json::Value>) {
+    use serde_json::json;
+    if headers.get("token").and_then(|v| v.to_str().ok()) != Some("ds-token") {
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"code": 10004, "msg": "user login failed", "data": null})),
+        );
+    }
+    if project != "4242" || form.get("processDefinitionCode").map(String::as_str) != Some("777") {
+        return (
+            StatusCode::OK,
+            axum::Json(
+                json!({"code": 50014, "msg": "process definition not exists", "data": null}),
+            ),
+        );
+    }
+    let params: serde_json::Value = form
+        .get("startParams")
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    let mut g = r.lock().expect("lock");
+    let id = 1000 + g.ds_instances.len() as i64;
+    g.calls.push(Call {
+        target: "ds".into(),
+        key: params["sluice_trigger_key"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        invocation: String::new(),
+        signed: true,
+    });
+    g.ds_instances.insert(id, (params, 0));
+    (
+        StatusCode::OK,
+        axum::Json(json!({"code": 0, "msg": "success", "data": id})),
+    )
+}
+
+/// `GET /dolphinscheduler/projects/{projectCode}/process-instances/{id}`: RUNNING_EXECUTION
+/// for two polls, then SUCCESS.
+async fn ds_instance(
+    State(r): State<Shared>,
+    Path((_project, id)): Path<(String, i64)>,
+) -> (StatusCode, axum::Json<serde_json::Value>) {
+    use serde_json::json;
+    let mut g = r.lock().expect("lock");
+    let Some((_, polls)) = g.ds_instances.get_mut(&id) else {
+        return (
+            StatusCode::OK,
+            axum::Json(json!({"code": 10118, "msg": "process instance not exists"})),
+        );
+    };
+    *polls += 1;
+    let state = if *polls > 2 {
+        "SUCCESS"
+    } else {
+        "RUNNING_EXECUTION"
+    };
+    (
+        StatusCode::OK,
+        axum::Json(json!({"code": 0, "msg": "success", "data": {"id": id, "state": state}})),
+    )
+}
+
+async fn serve(r: Shared) -> u16 {
+    let app = axum::Router::new()
+        .route("/hook/{target}", post(hook))
+        .route(
+            "/dolphinscheduler/projects/{project}/executors/start-process-instance",
+            post(ds_start),
+        )
+        .route(
+            "/dolphinscheduler/projects/{project}/process-instances/{id}",
+            get(ds_instance),
+        )
+        .with_state(r);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+struct Run {
+    names: TopicNames,
+    db: String,
+    pool: PgPool,
+    receiver: Shared,
+    port: u16,
+}
+
+impl Run {
+    async fn new() -> Self {
+        let names = TopicNames::with_prefix(&format!("{}.", unique("ds")), PARTITIONS);
+        let admin = kafka().admin("ds-test").expect("admin");
+        topics::bootstrap(
+            &admin,
+            &names,
+            sluice_dispatcher::TOPICS,
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("topics");
+        let db = fresh_database().await;
+        let pool = PgPool::connect(&db).await.expect("pool");
+        sluice_dispatcher::MIGRATOR
+            .run(&pool)
+            .await
+            .expect("migrate");
+        let receiver = Shared::default();
+        let port = serve(receiver.clone()).await;
+        Run {
+            names,
+            db,
+            pool,
+            receiver,
+            port,
+        }
+    }
+
+    fn hook_target(&self, name: &str, extra: &str) -> String {
+        format!(
+            r#"{{"kind": "webhook", "name": "{name}", "url": "http://127.0.0.1:{}/hook/{name}", "secret": "{SECRET}"{extra}}}"#,
+            self.port
+        )
+    }
+
+    fn spawn(&self, instance: &str, targets: &str, extra_env: &[(&str, &str)]) -> Child {
+        let mut cmd = Command::new(service_binary("sluice-dispatcher"));
+        cmd.env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+            .env("SLUICE_DATABASE_URL", &self.db)
+            .env("SLUICE_TOPIC_PREFIX", &self.names.prefix)
+            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+            .env("SLUICE_INSTANCE", instance)
+            .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
+            .env("SLUICE_TARGETS", targets)
+            .env("SLUICE_DISPATCH_LOOK_MS", "200")
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().expect("spawn dispatcher")
+    }
+
+    /// Produces each trigger `copies` times, spread over the partitions.
+    async fn publish(&self, triggers: &[TriggerRecord], copies: usize) {
+        let codec = Codec::new(None);
+        let topic = self.names.name(Topic::Triggers);
+        let p: BaseProducer = kafka()
+            .producer_config("ds-test")
+            .create()
+            .expect("producer");
+        for (i, t) in triggers.iter().enumerate() {
+            let bytes = codec
+                .encode(SchemaName::TriggerRequest, &topic, t)
+                .await
+                .expect("encode");
+            for c in 0..copies {
+                let mut rec = BaseRecord::to(&topic)
+                    .partition(((i + c) % PARTITIONS as usize) as i32)
+                    .key(&t.trigger_key)
+                    .payload(&bytes);
+                loop {
+                    match p.send(rec) {
+                        Ok(()) => break,
+                        Err((_, r)) => {
+                            p.poll(Duration::from_millis(5));
+                            rec = r;
+                        }
+                    }
+                }
+            }
+        }
+        p.flush(Duration::from_secs(60)).expect("flush");
+    }
+
+    async fn statuses(&self) -> BTreeMap<String, (String, i32)> {
+        let rows: Vec<(String, String, i32)> =
+            sqlx::query_as("SELECT trigger_key, status, attempt FROM jobs")
+                .fetch_all(&self.pool)
+                .await
+                .expect("jobs");
+        rows.into_iter().map(|(k, s, a)| (k, (s, a))).collect()
+    }
+
+    /// Waits until every key in `keys` has a job in a final or wanted state.
+    async fn wait_status(&self, keys: &BTreeSet<String>, want: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.statuses().await;
+            let done = keys
+                .iter()
+                .filter(|k| s.get(*k).is_some_and(|(st, _)| st == want))
+                .count();
+            if done == keys.len() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{done} of {} jobs {want}; others: {:?}",
+                keys.len(),
+                keys.iter()
+                    .filter_map(|k| s.get(k).filter(|(st, _)| st != want).map(|v| (k, v)))
+                    .take(5)
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.receiver.lock().expect("lock").calls.clone()
+    }
+
+    /// The last RunStatus per key on the runs topic.
+    async fn runs(&self) -> BTreeMap<String, Vec<RunRecord>> {
+        let codec = Codec::new(None);
+        let mut out = BTreeMap::new();
+        for (k, values) in read_topic(&self.names.name(Topic::Runs), PARTITIONS) {
+            let mut recs = Vec::new();
+            for v in values {
+                recs.push(
+                    codec
+                        .decode::<RunRecord>(SchemaName::RunStatus, &v)
+                        .await
+                        .expect("run status decodes"),
+                );
+            }
+            out.insert(k, recs);
+        }
+        out
+    }
+}
+
+fn trigger(n: usize, kind: WireTargetKind, target: &str) -> TriggerRecord {
+    // FNV-1a of the target name, so keys of different targets never collide.
+    let h = target.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let key = format!("tk1-{h:016x}{n:016x}");
+    TriggerRecord {
+        trigger_key: key,
+        dependency_id: format!("dep-{n}"),
+        dependency_version: 1,
+        target: TriggerTarget {
+            kind,
+            name: target.into(),
+            parameters: BTreeMap::new(),
+        },
+        inputs: vec![TriggerInput {
+            asset_key: "lake.ods.orders".into(),
+            snapshot_id: 1000 + n as i64,
+            sequence: n as i64,
+            watermark_ms: None,
+        }],
+        partition: None,
+        window_end_ms: None,
+        reason: "advanced".into(),
+        first_commit_ms: 1_700_000_000_000,
+        requested_ms: 1_700_000_000_100,
+    }
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn keys(ts: &[TriggerRecord]) -> BTreeSet<String> {
+    ts.iter().map(|t| t.trigger_key.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trigger_delivered_many_times_to_three_dispatchers_is_one_row_and_one_send() {
+    let run = Run::new().await;
+    let targets = format!("[{}]", run.hook_target("hook", ""));
+    let mut ds: Vec<Child> = ["a", "b", "c"]
+        .iter()
+        .map(|i| run.spawn(i, &targets, &[]))
+        .collect();
+    let triggers: Vec<TriggerRecord> = (0..60)
+        .map(|n| trigger(n, WireTargetKind::Webhook, "hook"))
+        .collect();
+    // Every trigger four times, on four partitions: every dispatcher sees copies.
+    run.publish(&triggers, 4).await;
+    // Bad input: garbage and a record whose key is not its trigger_key.
+    let p: BaseProducer = kafka()
+        .producer_config("ds-test")
+        .create()
+        .expect("producer");
+    let topic = run.names.name(Topic::Triggers);
+    p.send(
+        BaseRecord::to(&topic)
+            .key("garbage")
+            .payload(&[1u8, 2, 3][..])
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "origin",
+                value: Some("it"),
+            })),
+    )
+    .expect("send");
+    let mut wrong = trigger(999, WireTargetKind::Webhook, "hook");
+    let bytes = Codec::new(None)
+        .encode(SchemaName::TriggerRequest, &topic, &wrong)
+        .await
+        .expect("encode");
+    wrong.trigger_key = "not-the-key".into();
+    p.send(
+        BaseRecord::to(&topic)
+            .key(&wrong.trigger_key)
+            .payload(&bytes),
+    )
+    .expect("send");
+    p.flush(Duration::from_secs(30)).expect("flush");
+
+    let want = keys(&triggers);
+    run.wait_status(&want, "SUCCEEDED", Duration::from_secs(90))
+        .await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM trigger_history")
+        .fetch_one(&run.pool)
+        .await
+        .expect("count");
+    let calls = run.calls();
+    let per_key: BTreeMap<&str, usize> = calls.iter().fold(BTreeMap::new(), |mut m, c| {
+        *m.entry(c.key.as_str()).or_default() += 1;
+        m
+    });
+    println!(
+        "trigger records 240, rows {rows}, sends {}, keys sent {}",
+        calls.len(),
+        per_key.len()
+    );
+    assert_eq!(rows, 60, "one row per trigger_key");
+    assert_eq!(calls.len(), 60, "one send per trigger_key");
+    assert!(per_key.values().all(|&n| n == 1));
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.signed && c.target == "hook" && !c.invocation.is_empty())
+    );
+    // Bad records are dead-lettered with their origin.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let dlq = read_topic(&run.names.name(Topic::DeadLetter), PARTITIONS);
+    assert!(
+        dlq.contains_key("garbage") && dlq.contains_key("not-the-key"),
+        "{:?}",
+        dlq.keys()
+    );
+    // Every transition is on the runs topic: PENDING → RUNNING → SUCCEEDED.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let runs = run.runs().await;
+        let complete = want.iter().all(|k| {
+            runs.get(k).is_some_and(|r| {
+                r.iter().map(|x| x.status).collect::<Vec<_>>()
+                    == [JobStatus::Pending, JobStatus::Running, JobStatus::Succeeded]
+            })
+        });
+        if complete {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "runs topic incomplete: {:?}",
+            runs.values().next()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for d in &mut ds {
+        kill(d);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_dispatch_is_retried_with_a_new_invocation_up_to_its_limit() {
+    let run = Run::new().await;
+    let targets = format!(
+        "[{}]",
+        run.hook_target("flaky", r#", "max_attempts": 3, "backoff_ms": 100"#)
+    );
+    let always = trigger(1, WireTargetKind::Webhook, "flaky");
+    let once = trigger(2, WireTargetKind::Webhook, "flaky");
+    {
+        let mut g = run.receiver.lock().expect("lock");
+        g.script
+            .insert(always.trigger_key.clone(), vec![400, 422, 400, 400]);
+        g.script.insert(once.trigger_key.clone(), vec![429]);
+    }
+    let mut d = run.spawn("a", &targets, &[]);
+    run.publish(&[always.clone(), once.clone()], 1).await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&always)),
+        "FAILED",
+        Duration::from_secs(60),
+    )
+    .await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&once)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    let calls = run.calls();
+    let inv = |k: &str| -> Vec<String> {
+        calls
+            .iter()
+            .filter(|c| c.key == k)
+            .map(|c| c.invocation.clone())
+            .collect()
+    };
+    let (a, o) = (inv(&always.trigger_key), inv(&once.trigger_key));
+    println!(
+        "always refused: {} sends; refused once: {} sends",
+        a.len(),
+        o.len()
+    );
+    assert_eq!(a.len(), 3, "max_attempts sends, then FAILED");
+    assert_eq!(
+        a.iter().collect::<BTreeSet<_>>().len(),
+        3,
+        "a new invocation each time"
+    );
+    assert_eq!(o.len(), 2);
+    assert_ne!(o[0], o[1]);
+    let reason: String = sqlx::query_scalar("SELECT reason FROM jobs WHERE trigger_key = $1")
+        .bind(&always.trigger_key)
+        .fetch_one(&run.pool)
+        .await
+        .expect("reason");
+    assert!(
+        reason.contains("400") && reason.contains("attempt 3 of 3"),
+        "{reason}"
+    );
+    kill(&mut d);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_between_mark_running_and_send_never_sends_twice() {
+    let run = Run::new().await;
+    // `blind` cannot be asked (no Idempotency-Key support): UNKNOWN for an operator.
+    // `dedup` deduplicates by Idempotency-Key: settled by one send under the same key.
+    let timing = r#", "send_timeout_ms": 500, "deadline_ms": 1500"#;
+    let targets = format!(
+        "[{}, {}]",
+        run.hook_target("blind", timing),
+        run.hook_target("dedup", &format!(r#"{timing}, "idempotent": true"#))
+    );
+    let blind = trigger(1, WireTargetKind::Webhook, "blind");
+    let dedup = trigger(2, WireTargetKind::Webhook, "dedup");
+    // One trigger per faulty run: each dies right after its markRunning commits.
+    for t in [&blind, &dedup] {
+        let mut faulty = run.spawn(
+            "a",
+            &targets,
+            &[("SLUICE_DISPATCHER_FAULT", "abort_after_mark_running")],
+        );
+        run.publish(std::slice::from_ref(t), 1).await;
+        let _ = faulty.wait();
+        let s = run.statuses().await;
+        assert!(
+            s.get(&t.trigger_key)
+                .is_some_and(|(st, _)| st == "RUNNING" || st == "UNKNOWN"),
+            "markRunning was durable before the (never made) send: {s:?}"
+        );
+    }
+    assert!(run.calls().is_empty(), "nothing was sent");
+    let mut d = run.spawn("a", &targets, &[]);
+    run.wait_status(
+        &keys(std::slice::from_ref(&blind)),
+        "UNKNOWN",
+        Duration::from_secs(60),
+    )
+    .await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&dedup)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // UNKNOWN stays UNKNOWN
+    let s = run.statuses().await;
+    assert_eq!(s[&blind.trigger_key].0, "UNKNOWN");
+    let calls = run.calls();
+    let sent = |k: &str| calls.iter().filter(|c| c.key == k).count();
+    println!(
+        "after kill -9 between markRunning and send: blind {} sends ({}), dedup {} sends ({})",
+        sent(&blind.trigger_key),
+        s[&blind.trigger_key].0,
+        sent(&dedup.trigger_key),
+        s[&dedup.trigger_key].0
+    );
+    assert_eq!(
+        sent(&blind.trigger_key),
+        0,
+        "an unknown outcome is never resent blindly"
+    );
+    assert_eq!(sent(&dedup.trigger_key), 1);
+    kill(&mut d);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_hold_under_a_burst_and_other_targets_still_get_through() {
+    const BURST: usize = 10_000;
+    let run = Run::new().await;
+    run.receiver
+        .lock()
+        .expect("lock")
+        .delay
+        .insert("slow".into(), Duration::from_millis(2));
+    let targets = format!(
+        "[{}, {}]",
+        run.hook_target("slow", r#", "max_in_flight": 8, "max_per_round": 64"#),
+        run.hook_target("fast", "")
+    );
+    let env = [("SLUICE_DISPATCH_ROUND_MS", "5")];
+    let mut ds = vec![
+        run.spawn("a", &targets, &env),
+        run.spawn("b", &targets, &env),
+    ];
+    let slow: Vec<TriggerRecord> = (0..BURST)
+        .map(|n| trigger(n, WireTargetKind::Webhook, "slow"))
+        .collect();
+    let fast: Vec<TriggerRecord> = (0..20)
+        .map(|n| trigger(n, WireTargetKind::Webhook, "fast"))
+        .collect();
+    let started = Instant::now();
+    run.publish(&slow, 1).await;
+    run.publish(&fast, 1).await;
+    run.wait_status(&keys(&fast), "SUCCEEDED", Duration::from_secs(60))
+        .await;
+    let fast_done = started.elapsed();
+    let slow_done_then = run.calls().iter().filter(|c| c.target == "slow").count();
+    run.wait_status(&keys(&slow), "SUCCEEDED", Duration::from_secs(600))
+        .await;
+    let all_done = started.elapsed();
+    let g = run.receiver.lock().expect("lock");
+    let max_slow = g.max_in_flight.get("slow").copied().unwrap_or(0);
+    let slow_sends = g.calls.iter().filter(|c| c.target == "slow").count();
+    println!(
+        "burst {BURST} to `slow` (cap 8 in flight, 2 instances): max in flight {max_slow}, sends {slow_sends}, all done in {:.1} s ({:.0}/s); \
+         `fast` done after {:.1} s with {slow_done_then} of the burst sent",
+        all_done.as_secs_f64(),
+        BURST as f64 / all_done.as_secs_f64(),
+        fast_done.as_secs_f64()
+    );
+    assert!(max_slow <= 8, "cap of 8 in flight exceeded: {max_slow}");
+    assert_eq!(slow_sends, BURST, "one send each");
+    assert!(
+        slow_done_then < BURST,
+        "the other target got through during the burst"
+    );
+    drop(g);
+    for d in &mut ds {
+        kill(d);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dolphinscheduler_stand_in_started_and_followed_to_its_end() {
+    let run = Run::new().await;
+    let base = format!("http://127.0.0.1:{}", run.port);
+    let targets = format!(
+        r#"[{{"kind": "dolphinscheduler", "name": "777", "url": "{base}", "token": "ds-token", "project_code": "4242"}},
+            {{"kind": "dolphinscheduler", "name": "888", "url": "{base}", "token": "ds-token", "project_code": "4242", "max_attempts": 2, "backoff_ms": 50}},
+            {{"kind": "dolphinscheduler", "name": "bad-token", "url": "{base}", "token": "wrong", "project_code": "4242", "max_attempts": 1}}]"#
+    );
+    let mut d = run.spawn("a", &targets, &[]);
+    let good = trigger(1, WireTargetKind::Dolphinscheduler, "777");
+    let missing = trigger(2, WireTargetKind::Dolphinscheduler, "888");
+    let denied = trigger(3, WireTargetKind::Dolphinscheduler, "bad-token");
+    run.publish(&[good.clone(), missing.clone(), denied.clone()], 1)
+        .await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&good)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    run.wait_status(
+        &keys(&[missing.clone(), denied.clone()]),
+        "FAILED",
+        Duration::from_secs(60),
+    )
+    .await;
+    let (ext, reason_missing): (Option<String>, Option<String>) = (
+        sqlx::query_scalar("SELECT external_id FROM jobs WHERE trigger_key = $1")
+            .bind(&good.trigger_key)
+            .fetch_one(&run.pool)
+            .await
+            .expect("ext"),
+        sqlx::query_scalar("SELECT reason FROM jobs WHERE trigger_key = $1")
+            .bind(&missing.trigger_key)
+            .fetch_one(&run.pool)
+            .await
+            .expect("reason"),
+    );
+    assert_eq!(ext.as_deref(), Some("1000"), "the instance id is followed");
+    assert!(reason_missing.unwrap_or_default().contains("50014"));
+    let g = run.receiver.lock().expect("lock");
+    let (params, polls) = &g.ds_instances[&1000];
+    assert_eq!(params["sluice_trigger_key"], good.trigger_key.as_str());
+    assert!(
+        params["sluice_inputs"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("lake.ods.orders")
+    );
+    assert!(*polls >= 3, "followed until SUCCESS");
+    drop(g);
+    kill(&mut d);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_target_gets_the_trigger_and_its_exit_code_decides() {
+    let run = Run::new().await;
+    let dir = std::env::temp_dir().join(unique("cmd"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = dir.display();
+    let targets = format!(
+        r#"[{{"kind": "command", "name": "compact", "argv": ["sh", "-c", "cat > {out}/$SLUICE_TRIGGER_KEY.json && test \"$1\" = ok", "sh", "{{param.verdict}}"], "max_attempts": 2, "backoff_ms": 50}}]"#
+    );
+    let mut d = run.spawn("a", &targets, &[]);
+    let mut ok = trigger(1, WireTargetKind::Command, "compact");
+    ok.target.parameters.insert("verdict".into(), "ok".into());
+    let mut bad = trigger(2, WireTargetKind::Command, "compact");
+    bad.target.parameters.insert("verdict".into(), "no".into());
+    run.publish(&[ok.clone(), bad.clone()], 1).await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&ok)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&bad)),
+        "FAILED",
+        Duration::from_secs(60),
+    )
+    .await;
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("{}.json", ok.trigger_key)))
+            .expect("stdin written"),
+    )
+    .expect("json");
+    assert_eq!(doc["trigger_key"], ok.trigger_key.as_str());
+    assert_eq!(doc["inputs"][0]["snapshot_id"], 1001);
+    let s = run.statuses().await;
+    assert_eq!(s[&bad.trigger_key].1, 2, "retried up to max_attempts");
+    kill(&mut d);
+}
