@@ -11,37 +11,8 @@
 
 use std::time::Duration;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Status {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-    Unknown,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "PENDING",
-            Status::Running => "RUNNING",
-            Status::Succeeded => "SUCCEEDED",
-            Status::Failed => "FAILED",
-            Status::Unknown => "UNKNOWN",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Status> {
-        Some(match s {
-            "PENDING" => Status::Pending,
-            "RUNNING" => Status::Running,
-            "SUCCEEDED" => Status::Succeeded,
-            "FAILED" => Status::Failed,
-            "UNKNOWN" => Status::Unknown,
-            _ => return None,
-        })
-    }
-}
+/// The job statuses are the core's (`sluice_core::JobStatus`, also the Avro enum).
+pub use sluice_core::JobStatus as Status;
 
 /// What one send told us.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,19 +297,5 @@ mod tests {
             after_follow(Observed::Absent, 1, &POLICY),
             Transition::Unknown { .. }
         ));
-    }
-
-    #[test]
-    fn status_names_round_trip() {
-        for s in [
-            Status::Pending,
-            Status::Running,
-            Status::Succeeded,
-            Status::Failed,
-            Status::Unknown,
-        ] {
-            assert_eq!(Status::parse(s.as_str()), Some(s));
-        }
-        assert_eq!(Status::parse("running"), None);
     }
 }

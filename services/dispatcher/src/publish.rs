@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
+pub use sluice_core::JobStatus;
 use sluice_kit::{Codec, SchemaName, Shutdown};
 use sqlx::PgPool;
 
@@ -30,25 +31,9 @@ pub struct RunRecord {
     pub updated_ms: i64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename = "JobStatus", rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum JobStatus {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-    Unknown,
-}
-
 fn record(row: &TransitionRow) -> Result<RunRecord, String> {
-    let status = match row.status.as_str() {
-        "PENDING" => JobStatus::Pending,
-        "RUNNING" => JobStatus::Running,
-        "SUCCEEDED" => JobStatus::Succeeded,
-        "FAILED" => JobStatus::Failed,
-        "UNKNOWN" => JobStatus::Unknown,
-        other => return Err(format!("transition {} has status {other:?}", row.id)),
-    };
+    let status = JobStatus::parse(&row.status)
+        .ok_or_else(|| format!("transition {} has status {:?}", row.id, row.status))?;
     Ok(RunRecord {
         trigger_key: row.trigger_key.clone(),
         dependency_id: row.dependency_id.clone(),
