@@ -26,3 +26,11 @@ stack_up() {
 stack_down_if_started() {
   if [[ ${STACK_WAS_RUNNING:-1} -eq 0 ]]; then bash "$HERE/stack.sh" down; fi
 }
+
+# The real Airflow 3 the dispatcher's integration test triggers (a venv of its own:
+# its dependency set is large and pinned by Airflow).
+AIRFLOW_PIN="apache-airflow==3.1.8"
+ensure_airflow() {
+  bash "$HERE/ensure-venv.sh" airflow "$AIRFLOW_PIN"
+  export SLUICE_TEST_AIRFLOW_VENV="$HERE/../.stack/airflow-venv"
+}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one:
 #   installs what is missing (Kafka from Maven Central, PostgreSQL from the machine's
-#   packages), starts the local stack, builds, checks formatting and lints, runs every
-#   test (the core's pure tests and the integration tests against the real broker and
-#   PostgreSQL), then stops the stack again if it was not running before.
+#   packages, Airflow from PyPI into a venv), starts the local stack, builds, checks
+#   formatting and lints, runs every test (the core's pure tests and the integration
+#   tests against the real broker, PostgreSQL and Airflow), then stops the stack again if it was not running before.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,6 +14,7 @@ say() { printf '[test] %s\n' "$*" >&2; }
 # shellcheck source=compose/lib.sh
 source "$HERE/lib.sh"
 ensure_toolchain
+ensure_airflow
 stack_up
 trap stack_down_if_started EXIT
 

@@ -2,7 +2,9 @@
 //! in-process receivers: a webhook endpoint (checks the HMAC signature, counts
 //! every send, answers as told) and a DolphinScheduler stand-in (its documented
 //! start-process-instance and process-instance paths; DolphinScheduler is a Java
-//! service that cannot run here). The real Airflow is in `airflow.rs`.
+//! service that cannot run here) — and a real Airflow 3 (`airflow standalone`
+//! from the venv `compose/ensure-airflow.sh` installs), in this file so that its
+//! slow start overlaps the other tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
@@ -752,5 +754,322 @@ async fn a_command_target_gets_the_trigger_and_its_exit_code_decides() {
     assert_eq!(doc["inputs"][0]["snapshot_id"], 1001);
     let s = run.statuses().await;
     assert_eq!(s[&bad.trigger_key].1, 2, "retried up to max_attempts");
+    kill(&mut d);
+}
+
+/// A real Airflow 3 (`airflow standalone`: SQLite, the simple auth manager, its
+/// REST API v2 on a port of ours) with two DAGs of this test, in a process group
+/// of its own that is killed with all its children on drop.
+struct Airflow {
+    child: Child,
+    url: String,
+    password: String,
+    /// Where the `sluice_ok` DAG writes the conf of each run, as `<run id>.json`.
+    out: std::path::PathBuf,
+    home: std::path::PathBuf,
+    http: reqwest::Client,
+}
+
+const AIRFLOW_DAGS: &str = r#"
+import json, os
+from datetime import datetime
+from airflow.sdk import DAG, task
+
+OUT = os.environ["SLUICE_IT_OUT"]
+
+with DAG(dag_id="sluice_ok", schedule=None, start_date=datetime(2024, 1, 1), catchup=False):
+    @task
+    def record(**context):
+        run = context["dag_run"]
+        with open(os.path.join(OUT, run.run_id + ".json"), "w") as f:
+            json.dump(run.conf, f)
+    record()
+
+with DAG(dag_id="sluice_fails", schedule=None, start_date=datetime(2024, 1, 1), catchup=False):
+    @task(retries=0)
+    def fail():
+        raise RuntimeError("this DAG fails on purpose")
+    fail()
+"#;
+
+impl Airflow {
+    async fn start() -> Airflow {
+        use std::os::unix::process::CommandExt;
+        let venv = std::env::var_os("SLUICE_TEST_AIRFLOW_VENV")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.stack/airflow-venv")
+            });
+        let airflow = venv.join("bin/airflow");
+        assert!(
+            airflow.exists(),
+            "no Airflow at {} — `bash compose/ensure-airflow.sh` installs it (compose/test.sh does)",
+            airflow.display()
+        );
+        let home = std::env::temp_dir().join(unique("airflow"));
+        let (dags, out) = (home.join("dags"), home.join("out"));
+        std::fs::create_dir_all(&dags).expect("dags dir");
+        std::fs::create_dir_all(&out).expect("out dir");
+        std::fs::write(dags.join("sluice_it.py"), AIRFLOW_DAGS).expect("dag file");
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let log = std::fs::File::create(home.join("standalone.log")).expect("log");
+        // Its scheduler, API server and DAG processor are subprocesses that must find
+        // the venv's own executables first.
+        let path = format!(
+            "{}:{}",
+            venv.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let child = Command::new(&airflow)
+            .arg("standalone")
+            .env("PATH", path)
+            .env("AIRFLOW_HOME", &home)
+            .env("SLUICE_IT_OUT", &out)
+            .env("AIRFLOW__CORE__DAGS_FOLDER", &dags)
+            .env("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+            .env("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False")
+            .env("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "sluice:admin")
+            .env("AIRFLOW__API__PORT", port.to_string())
+            .env("AIRFLOW__API__HOST", "127.0.0.1")
+            .env(
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+                format!("{url}/execution/"),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("spawn airflow standalone");
+        let mut af = Airflow {
+            child,
+            url,
+            password: String::new(),
+            out,
+            home,
+            http: reqwest::Client::new(),
+        };
+        // Ready when the generated password works and both DAGs are parsed.
+        let deadline = Instant::now() + Duration::from_secs(240);
+        let passwords = af.home.join("simple_auth_manager_passwords.json.generated");
+        loop {
+            assert!(
+                af.child.try_wait().expect("airflow alive").is_none(),
+                "airflow standalone exited; its log:\n{}",
+                af.log_tail()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "Airflow not ready after 240 s; its log:\n{}",
+                af.log_tail()
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(p) = std::fs::read_to_string(&passwords)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v["sluice"].as_str().map(str::to_owned))
+            else {
+                continue;
+            };
+            af.password = p;
+            let Some(token) = af.token().await else {
+                continue;
+            };
+            let mut parsed = 0;
+            for dag in ["sluice_ok", "sluice_fails"] {
+                let r = af
+                    .http
+                    .get(format!("{}/api/v2/dags/{dag}", af.url))
+                    .bearer_auth(&token)
+                    .send()
+                    .await;
+                parsed += usize::from(r.is_ok_and(|r| r.status().is_success()));
+            }
+            if parsed == 2 {
+                return af;
+            }
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.home.join("standalone.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    async fn token(&self) -> Option<String> {
+        let r = self
+            .http
+            .post(format!("{}/auth/token", self.url))
+            .json(&serde_json::json!({"username": "sluice", "password": self.password}))
+            .send()
+            .await
+            .ok()?;
+        let body: serde_json::Value = r.json().await.ok()?;
+        body["access_token"].as_str().map(str::to_owned)
+    }
+
+    /// Every dag run of `dag` as (run id, state).
+    async fn runs(&self, dag: &str) -> BTreeMap<String, String> {
+        let token = self.token().await.expect("token");
+        let body: serde_json::Value = self
+            .http
+            .get(format!("{}/api/v2/dags/{dag}/dagRuns?limit=100", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("list dag runs")
+            .json()
+            .await
+            .expect("dag runs json");
+        body["dag_runs"]
+            .as_array()
+            .expect("dag_runs")
+            .iter()
+            .map(|r| {
+                (
+                    r["dag_run_id"].as_str().unwrap_or_default().to_owned(),
+                    r["state"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// POSTs a dag run the way the dispatcher does and returns Airflow's status code.
+    async fn post_run(&self, dag: &str, run_id: &str) -> u16 {
+        let token = self.token().await.expect("token");
+        self.http
+            .post(format!("{}/api/v2/dags/{dag}/dagRuns", self.url))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"dag_run_id": run_id, "logical_date": null, "conf": {}}))
+            .send()
+            .await
+            .expect("post dag run")
+            .status()
+            .as_u16()
+    }
+
+    fn target(&self, dag: &str, extra: &str) -> String {
+        format!(
+            r#"{{"kind": "airflow", "name": "{dag}", "url": "{}", "api_version": 2,
+                "username": "sluice", "password": "{}", "backoff_ms": 200,
+                "send_timeout_ms": 5000, "deadline_ms": 8000{extra}}}"#,
+            self.url, self.password
+        )
+    }
+}
+
+impl Drop for Airflow {
+    fn drop(&mut self) {
+        // The whole group: standalone leaves its scheduler and API server behind otherwise.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_airflow_3_runs_each_trigger_once_and_is_followed_to_its_end() {
+    let airflow = Airflow::start().await;
+    let run = Run::new().await;
+    let targets = format!(
+        "[{}, {}]",
+        airflow.target("sluice_ok", ""),
+        airflow.target("sluice_fails", r#", "max_attempts": 2"#)
+    );
+    let ok = trigger(1, WireTargetKind::Airflow, "sluice_ok");
+    let fails = trigger(2, WireTargetKind::Airflow, "sluice_fails");
+    let taken = trigger(3, WireTargetKind::Airflow, "sluice_ok");
+    let killed = trigger(4, WireTargetKind::Airflow, "sluice_ok");
+    let run_id = |t: &TriggerRecord| sluice_dispatcher::adapters::airflow_run_id(&t.trigger_key, 1);
+
+    // The real server answers a second POST of a run id with 409.
+    assert_eq!(airflow.post_run("sluice_ok", &run_id(&taken)).await, 200);
+    assert_eq!(airflow.post_run("sluice_ok", &run_id(&taken)).await, 409);
+
+    // A dispatcher that dies right after markRunning of `killed` commits.
+    let mut faulty = run.spawn(
+        "a",
+        &targets,
+        &[("SLUICE_DISPATCHER_FAULT", "abort_after_mark_running")],
+    );
+    run.publish(std::slice::from_ref(&killed), 1).await;
+    let _ = faulty.wait();
+    assert!(
+        airflow
+            .runs("sluice_ok")
+            .await
+            .keys()
+            .all(|id| *id == run_id(&taken)),
+        "nothing was sent for the killed trigger"
+    );
+
+    let mut d = run.spawn("a", &targets, &[]);
+    run.publish(&[ok.clone(), fails.clone(), taken.clone()], 2)
+        .await;
+    let wait = Duration::from_secs(180);
+    run.wait_status(
+        &keys(&[ok.clone(), taken.clone(), killed.clone()]),
+        "SUCCEEDED",
+        wait,
+    )
+    .await;
+    run.wait_status(&keys(std::slice::from_ref(&fails)), "FAILED", wait)
+        .await;
+
+    let ok_runs = airflow.runs("sluice_ok").await;
+    let failed_runs = airflow.runs("sluice_fails").await;
+    let of = |runs: &BTreeMap<String, String>, t: &TriggerRecord| {
+        runs.iter()
+            .filter(|(id, _)| id.contains(&t.trigger_key))
+            .map(|(id, st)| (id.clone(), st.clone()))
+            .collect::<Vec<_>>()
+    };
+    println!(
+        "airflow dag runs: ok {:?}; taken before (409) {:?}; killed after markRunning {:?}; failing DAG {:?}",
+        of(&ok_runs, &ok),
+        of(&ok_runs, &taken),
+        of(&ok_runs, &killed),
+        of(&failed_runs, &fails)
+    );
+    // Followed to the real end: one successful dag run per trigger, sent with our run id.
+    assert_eq!(of(&ok_runs, &ok), [(run_id(&ok), "success".to_owned())]);
+    // 409 is ours: the dispatcher followed the run that already existed.
+    assert_eq!(
+        of(&ok_runs, &taken),
+        [(run_id(&taken), "success".to_owned())]
+    );
+    // Killed between markRunning and send: swept to UNKNOWN, reconciled by asking
+    // Airflow (404: never arrived), then sent once — one dag run, not two.
+    let k = of(&ok_runs, &killed);
+    assert_eq!(k.len(), 1, "{k:?}");
+    assert_eq!(k[0].1, "success");
+    // A failed dag run is retried as a new dag run, up to max_attempts.
+    assert_eq!(
+        of(&failed_runs, &fails),
+        [
+            (run_id(&fails), "failed".to_owned()),
+            (
+                sluice_dispatcher::adapters::airflow_run_id(&fails.trigger_key, 2),
+                "failed".to_owned()
+            )
+        ]
+    );
+    // The DAG itself saw the snapshot combination in its conf.
+    let conf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(airflow.out.join(format!("{}.json", run_id(&ok))))
+            .expect("the DAG wrote its conf"),
+    )
+    .expect("conf json");
+    assert_eq!(conf["trigger_key"], ok.trigger_key.as_str());
+    assert_eq!(conf["inputs"][0]["snapshot_id"], 1001);
+    let s = run.statuses().await;
+    assert_eq!(s[&fails.trigger_key], ("FAILED".to_owned(), 2));
+    assert_eq!(
+        s[&killed.trigger_key].1, 2,
+        "attempt 1 unknown, attempt 2 sent"
+    );
     kill(&mut d);
 }

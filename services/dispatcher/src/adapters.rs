@@ -24,10 +24,16 @@ pub const SIGNATURE_HEADER: &str = "X-Sluice-Signature";
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 pub const INVOCATION_HEADER: &str = "X-Sluice-Invocation";
 
-/// The run id Airflow gets: derived from the trigger_key, so a second POST of
-/// the same trigger answers 409 and reconcile can look the run up.
-pub fn airflow_run_id(trigger_key: &str) -> String {
-    format!("sluice__{trigger_key}")
+/// The run id Airflow gets: derived from the trigger_key and the attempt, so a
+/// second POST of the same attempt answers 409 and reconcile can look the run up,
+/// while a retry after a failed run starts a new dag run instead of finding the
+/// failed one again.
+pub fn airflow_run_id(trigger_key: &str, attempt: i32) -> String {
+    if attempt <= 1 {
+        format!("sluice__{trigger_key}")
+    } else {
+        format!("sluice__{trigger_key}__{attempt}")
+    }
 }
 
 /// What every target receives about a trigger (JSON body, conf, stdin, startParams).
@@ -247,7 +253,7 @@ impl Adapters {
         job: &Claimed,
         timeout: Duration,
     ) -> SendOutcome {
-        let run_id = airflow_run_id(&job.trigger_key);
+        let run_id = airflow_run_id(&job.trigger_key, job.attempt);
         let v2 = matches!(target.reach, Reach::Airflow { api_version: 2, .. });
         let mut body = json!({"dag_run_id": run_id, "conf": trigger_document(job)});
         if v2 {
@@ -293,7 +299,7 @@ impl Adapters {
     }
 
     async fn airflow_observe(&self, target: &Target, job: &Claimed) -> Observed {
-        let run_id = airflow_run_id(&job.trigger_key);
+        let run_id = airflow_run_id(&job.trigger_key, job.attempt);
         let url = format!("{}/{run_id}", Self::airflow_runs_url(target, job));
         for fresh in [false, true] {
             let req = self.http.get(&url).timeout(Duration::from_secs(10));
