@@ -47,18 +47,33 @@ impl Dispatcher {
         let mut failing = Duration::ZERO;
         while !shutdown.is_stopping() {
             while sends.try_join_next().is_some() {}
-            match self.round(&mut sends).await {
-                Ok(()) => failing = Duration::ZERO,
+            let claimed = match self.round(&mut sends).await {
+                Ok(claimed) => {
+                    failing = Duration::ZERO;
+                    claimed
+                }
                 Err(e) => {
                     // PostgreSQL away: nothing is lost (all state is in it); try again.
                     failing =
                         (failing * 2).clamp(Duration::from_millis(200), Duration::from_secs(5));
                     tracing::warn!(error = %e, retry_ms = failing.as_millis() as u64, "dispatch round failed");
+                    0
                 }
-            }
+            };
+            // A round that claimed work may have left more behind a cap: the next one
+            // starts as soon as half the sends under way have freed their slots, not
+            // only after the round pause (which bounded a backlog to cap / pause).
+            let half = sends.len() / 2;
+            let freed = async {
+                while claimed > 0 && sends.len() > half && sends.join_next().await.is_some() {}
+                if claimed == 0 {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 _ = shutdown.clone().wait_stopped() => break,
                 _ = tokio::time::sleep(self.round.max(failing)) => {}
+                _ = freed => {}
             }
         }
         // Sends under way finish and record their outcome; a send cut off by the
@@ -67,7 +82,9 @@ impl Dispatcher {
         Ok(())
     }
 
-    async fn round(self: &Arc<Self>, sends: &mut JoinSet<()>) -> sqlx::Result<()> {
+    /// One round; returns how many jobs it claimed.
+    async fn round(self: &Arc<Self>, sends: &mut JoinSet<()>) -> sqlx::Result<usize> {
+        let mut total = 0;
         let swept = store::sweep_deadlines(&self.pool).await?;
         if !swept.is_empty() {
             metrics::counter!(m::SWEPT_TOTAL).increment(swept.len() as u64);
@@ -103,6 +120,7 @@ impl Dispatcher {
                 );
                 std::process::abort();
             }
+            total += claimed.len();
             for job in claimed {
                 let me = self.clone();
                 let target = target.clone();
@@ -111,7 +129,7 @@ impl Dispatcher {
         }
         self.look(Status::Running).await?;
         self.look(Status::Unknown).await?;
-        Ok(())
+        Ok(total)
     }
 
     /// The one send of a claimed invocation, then its outcome under the invocation's guard.
