@@ -603,6 +603,52 @@ async fn kill_between_mark_running_and_send_never_sends_twice() {
         "an unknown outcome is never resent blindly"
     );
     assert_eq!(sent(&dedup.trigger_key), 1);
+
+    // The operator's path: list the UNKNOWN job, settle it after checking the target.
+    let operator = |args: &[&str]| {
+        let out = Command::new(service_binary("sluice-dispatcher"))
+            .args(args)
+            .env("SLUICE_DATABASE_URL", &run.db)
+            .output()
+            .expect("run the operator command");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, listed, _) = operator(&["unknown"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        listed.contains(&blind.trigger_key) && !listed.contains(&dedup.trigger_key),
+        "{listed}"
+    );
+    let (code, _, err) = operator(&["settle", &dedup.trigger_key, "retry", "again"]);
+    assert_eq!(code, Some(1), "a settled job is not settled again");
+    assert!(err.contains("is SUCCEEDED, not UNKNOWN"), "{err}");
+    let (code, _, err) = operator(&["settle", &blind.trigger_key, "maybe", "x"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, out, err) = operator(&[
+        "settle",
+        &blind.trigger_key,
+        "retry",
+        "checked the receiver: it never arrived",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    run.wait_status(
+        &keys(std::slice::from_ref(&blind)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        run.calls()
+            .iter()
+            .filter(|c| c.key == blind.trigger_key)
+            .count(),
+        1,
+        "sent once, after the operator's retry"
+    );
     kill(&mut d);
 }
 

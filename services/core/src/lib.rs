@@ -9,7 +9,7 @@
 //! * [`state`] — [`AssetState`] and the monotonic fold (reordering and duplicates are harmless).
 //! * [`condition`] — the dependency condition tree (ALL / ANY over per-asset predicates).
 //! * [`trigger`] — [`TriggerKey`], the exactly-once identity of a trigger.
-//! * [`job`] — the dispatch job state machine with revision compare-and-set.
+//! * [`job`] — the statuses of a dispatch job.
 
 pub mod asset;
 pub mod condition;
@@ -23,6 +23,6 @@ mod digest;
 pub use asset::{AssetKey, TableFormat};
 pub use condition::{Baseline, Condition, InputCondition, Predicate, Scope};
 pub use event::{AssetEvent, EventId, EventKind, EventSource, Operation, QualityStatus};
-pub use job::{Job, JobStatus};
+pub use job::JobStatus;
 pub use state::{AssetState, FoldOutcome};
 pub use trigger::{TriggerBasis, TriggerKey};

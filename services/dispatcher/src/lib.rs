@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod intake;
 pub mod lifecycle;
 pub mod metrics;
+pub mod operator;
 pub mod publish;
 pub mod store;
 pub mod targets;
