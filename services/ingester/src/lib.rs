@@ -1,18 +1,66 @@
-//! The ingester service. Today it starts, checks its topics and serves its admin port;
-//! its work loop lands with the ingester issue (#3).
+//! The ingester: every way a lake commit enters Sluice, turned into canonical
+//! AssetEvents on the asset-events topic (keyed by asset_key, the core's
+//! deterministic event_id, so the same commit seen by two paths folds once).
+//!
+//! - `http`: push — the generic commit API and Hudi's HTTP write-commit callback;
+//! - `hooks`: commit-hook topics (generic JSON, Hudi's Kafka callback, Avro) and
+//!   Debezium CDC of a commit table, exactly once in the transactional loop;
+//! - `poll`: the compensation path — each registered table's own metadata.
+//!
+//! `normalize` (pure) is where every format becomes an event; `sink` is the
+//! acknowledged write to asset-events used by push and poll.
 
+pub mod auth;
+pub mod hooks;
+pub mod http;
+pub mod metrics;
+pub mod normalize;
+pub mod poll;
+pub mod sink;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::producer::FutureProducer;
 use sluice_kit::config::{Common, ConfigErrors, Env};
 use sluice_kit::service::{self, StartError};
-use sluice_kit::{Shutdown, Topic};
+use sluice_kit::txn::{self, TxnLoop};
+use sluice_kit::{Codec, Shutdown, Topic};
 
 pub const SERVICE: &str = "ingester";
 
 /// The topics this service reads or writes; bootstrap creates and checks them.
-pub const TOPICS: &[Topic] = &[Topic::AssetEvents, Topic::DeadLetter];
+pub const TOPICS: &[Topic] = &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter];
 
 #[derive(Clone, Debug)]
 pub struct Options {
     pub common: Common,
+    /// `None`: no HTTP listener.
+    pub http_addr: Option<SocketAddr>,
+    pub tokens: auth::Tokens,
+    pub max_body_bytes: usize,
+    pub max_batch: usize,
+    /// How long an HTTP request waits for the broker's acknowledgement.
+    pub ack_timeout: Duration,
+    pub hook_topics: Vec<hooks::HookTopic>,
+    pub tables: Vec<poll::Table>,
+    pub group_id: String,
+}
+
+fn json_or_file(env: &mut Env, name: &str) -> Option<String> {
+    let file_var = format!("{name}_FILE");
+    match (env.optional(name), env.optional(&file_var)) {
+        (Some(_), Some(_)) => {
+            env.problem(format!("set {name} or {file_var}, not both"));
+            None
+        }
+        (Some(json), None) => Some(json),
+        (None, Some(path)) => std::fs::read_to_string(&path)
+            .map_err(|e| env.problem(format!("{file_var} {path}: {e}")))
+            .ok(),
+        (None, None) => None,
+    }
 }
 
 impl Options {
@@ -22,7 +70,64 @@ impl Options {
 
     pub fn read(mut env: Env) -> Result<Self, ConfigErrors> {
         let common = Common::read(&mut env, SERVICE, "127.0.0.1:9101");
-        env.finish(Options { common })
+        let http_addr = match env
+            .string("SLUICE_INGEST_HTTP_ADDR", "127.0.0.1:8088")
+            .as_str()
+        {
+            "off" => None,
+            raw => raw
+                .parse()
+                .map_err(|_| {
+                    env.problem(format!(
+                        "SLUICE_INGEST_HTTP_ADDR={raw:?} is not host:port or off"
+                    ))
+                })
+                .ok(),
+        };
+        let tokens = match json_or_file(&mut env, "SLUICE_INGEST_TOKENS") {
+            Some(json) => auth::Tokens::parse(&json).unwrap_or_else(|ps| {
+                ps.into_iter().for_each(|p| env.problem(p));
+                auth::Tokens::default()
+            }),
+            None => auth::Tokens::default(),
+        };
+        if http_addr.is_some() && tokens.is_empty() {
+            env.problem("SLUICE_INGEST_TOKENS is required while HTTP is on (SLUICE_INGEST_HTTP_ADDR=off turns it off)");
+        }
+        let max_body_bytes = env.parse("SLUICE_INGEST_MAX_BODY_BYTES", 1usize << 20);
+        let max_batch = env.parse("SLUICE_INGEST_MAX_BATCH", 1_000usize);
+        let ack_timeout = env.millis("SLUICE_INGEST_ACK_TIMEOUT_MS", Duration::from_secs(10));
+        let hook_topics = json_or_file(&mut env, "SLUICE_HOOK_TOPICS")
+            .map(|json| {
+                hooks::parse_topics(&json).unwrap_or_else(|ps| {
+                    ps.into_iter().for_each(|p| env.problem(p));
+                    Vec::new()
+                })
+            })
+            .unwrap_or_default();
+        let tables = json_or_file(&mut env, "SLUICE_POLL_TABLES")
+            .map(|json| {
+                poll::parse_tables(&json).unwrap_or_else(|ps| {
+                    ps.into_iter().for_each(|p| env.problem(p));
+                    Vec::new()
+                })
+            })
+            .unwrap_or_default();
+        let group_id = env.string(
+            "SLUICE_INGESTER_GROUP",
+            &format!("{}{SERVICE}", common.topics.prefix),
+        );
+        env.finish(Options {
+            common,
+            http_addr,
+            tokens,
+            max_body_bytes,
+            max_batch,
+            ack_timeout,
+            hook_topics,
+            tables,
+            group_id,
+        })
     }
 }
 
@@ -30,10 +135,150 @@ impl Options {
 pub enum Error {
     #[error(transparent)]
     Start(#[from] StartError),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("http listener: {0}")]
+    Listen(std::io::Error),
+    #[error("hook loop: {0}")]
+    Loop(#[from] txn::Error),
+    #[error("{0}")]
+    Task(String),
 }
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
+    metrics::describe();
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
-    started.hold_until_stopped(SERVICE, shutdown).await;
-    Ok(())
+    let c = &options.common;
+    let client_id = format!("sluice-{SERVICE}-{}", c.instance);
+    let events_topic = c.topics.name(Topic::AssetEvents);
+    let registry = c.schema_registry_url.clone();
+    let codec = || Codec::new(registry.as_deref());
+    let mut producer_config = c.kafka.producer_config(&client_id);
+    producer_config.set(
+        "message.timeout.ms",
+        options.ack_timeout.as_millis().to_string(),
+    );
+    let producer: FutureProducer = producer_config.create()?;
+    let sink = sink::Sink::new(producer, codec(), events_topic.clone());
+    let mut tasks = tokio::task::JoinSet::new();
+
+    if let Some(addr) = options.http_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(Error::Listen)?;
+        tracing::info!(addr = %listener.local_addr().map_err(Error::Listen)?, "HTTP push listening");
+        let app = http::router(Arc::new(http::Http {
+            sink: sink.clone(),
+            tokens: options.tokens.clone(),
+            max_body_bytes: options.max_body_bytes,
+            max_batch: options.max_batch,
+        }));
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.wait_stopped().await })
+                .await
+                .map_err(|e| format!("http: {e}"))
+        });
+    }
+
+    if !options.hook_topics.is_empty() {
+        let loop_options = txn::Options {
+            group_id: options.group_id.clone(),
+            input_topics: options
+                .hook_topics
+                .iter()
+                .map(|t| t.topic.clone())
+                .collect(),
+            dead_letter_topic: c.topics.name(Topic::DeadLetter),
+            max_records: 1_000,
+            max_batch_time: Duration::from_millis(100),
+            request_timeout: c.kafka.request_timeout,
+            retry_backoff: Duration::from_millis(200),
+        };
+        let processor = hooks::Hooks::new(
+            options.hook_topics.clone(),
+            codec(),
+            tokio::runtime::Handle::current(),
+            events_topic.clone(),
+        );
+        let consumer = c.kafka.consumer_config(&client_id, &options.group_id);
+        let producer = c.kafka.transactional_producer_config(
+            &client_id,
+            &format!("{}{SERVICE}-{}", c.topics.prefix, c.instance),
+        );
+        let (health, stop) = (started.health.clone(), shutdown.flag());
+        tasks.spawn(async move {
+            tokio::task::spawn_blocking(move || {
+                TxnLoop::new(&consumer, &producer, processor, loop_options, health, stop)
+                    .and_then(|l| l.run().map(|_| ()))
+                    .map_err(|e| format!("hook loop: {e}"))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        });
+    }
+
+    if !options.tables.is_empty() {
+        let known = Arc::new(poll::Known::default());
+        let wanted: Vec<_> = options.tables.iter().map(|t| t.asset.clone()).collect();
+        let (reader, topic) = (
+            c.kafka.reader_config(&format!("{client_id}-positions")),
+            c.topics.name(Topic::AssetState),
+        );
+        let (k, codec2, stop, rt) = (
+            known.clone(),
+            codec(),
+            shutdown.flag(),
+            tokio::runtime::Handle::current(),
+        );
+        tasks.spawn(async move {
+            tokio::task::spawn_blocking(move || {
+                k.follow(reader, &topic, &wanted, &codec2, &rt, &stop)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        });
+        let poller = poll::Poller {
+            tables: options.tables.clone(),
+            known,
+            sink: sink.clone(),
+        };
+        tasks.spawn(poller.run(shutdown.clone()));
+    }
+
+    let health = started.health.clone();
+    health.set_ready(true);
+    tracing::info!(
+        service = SERVICE,
+        admin = %started.admin_addr,
+        http = ?options.http_addr,
+        hook_topics = options.hook_topics.len(),
+        polled_tables = options.tables.len(),
+        "ready"
+    );
+    let beat = tokio::spawn(async move {
+        loop {
+            health.beat();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let mut failure = None;
+    tokio::select! {
+        _ = shutdown.clone().wait_stopped() => {}
+        Some(done) = tasks.join_next() => {
+            // A part ended on its own: stop the rest (a failed part is an error).
+            if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) { failure = Some(e) }
+            shutdown.trigger();
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) {
+            failure.get_or_insert(e);
+        }
+    }
+    beat.abort();
+    started.health.set_stopping();
+    let _ = started.admin_task.await;
+    failure.map_or(Ok(()), |e| Err(Error::Task(e)))
 }

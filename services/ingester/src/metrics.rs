@@ -1,0 +1,32 @@
+//! The ingester's metric names, in one place for the dashboards and alerts.
+
+pub const ACCEPTED_TOTAL: &str = "sluice_ingester_http_accepted_total";
+pub const HTTP_REJECTED_TOTAL: &str = "sluice_ingester_http_rejected_total";
+pub const HOOK_EVENTS_TOTAL: &str = "sluice_ingester_hook_events_total";
+pub const POLL_EMITTED_TOTAL: &str = "sluice_ingester_poll_emitted_total";
+pub const POLL_FOUND_FIRST_TOTAL: &str = "sluice_ingester_poll_found_first_total";
+pub const POLL_ERRORS_TOTAL: &str = "sluice_ingester_poll_errors_total";
+
+pub fn describe() {
+    metrics::describe_counter!(
+        ACCEPTED_TOTAL,
+        "Events accepted over HTTP (acknowledged by the broker), by path"
+    );
+    metrics::describe_counter!(HTTP_REJECTED_TOTAL, "HTTP requests refused, by status code");
+    metrics::describe_counter!(
+        HOOK_EVENTS_TOTAL,
+        "Events read from commit-hook topics, by topic"
+    );
+    metrics::describe_counter!(
+        POLL_EMITTED_TOTAL,
+        "Events a metadata poller emitted, by format"
+    );
+    metrics::describe_counter!(
+        POLL_FOUND_FIRST_TOTAL,
+        "Commits a poller found before any push reported them (push missed or late)"
+    );
+    metrics::describe_counter!(
+        POLL_ERRORS_TOTAL,
+        "Polls that failed (unreadable or half-written metadata), by format"
+    );
+}

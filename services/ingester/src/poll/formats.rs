@@ -1,0 +1,460 @@
+//! Reading a table's own metadata on a local filesystem: every snapshot after a
+//! position, oldest first. Pure apart from reading files; a file that does not
+//! parse is an error for this poll (retried at the next), never a wrong event.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use sluice_core::{Operation, TableFormat};
+
+/// One snapshot as the table's metadata states it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub snapshot_id: i64,
+    pub sequence: i64,
+    pub commit_time_ms: i64,
+    pub operation: Operation,
+    pub watermark_ms: Option<i64>,
+    pub schema_id: Option<i64>,
+    /// e.g. `hudi.action=deltacommit`, `paimon.commit_kind=APPEND`.
+    pub attributes: Vec<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Unparsable, half-written or inconsistent metadata: retried, reported.
+    #[error("{path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("{0}: no table metadata here (yet)")]
+    NoTable(PathBuf),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScanError + '_ {
+    move |error| ScanError::Io {
+        path: path.to_owned(),
+        error,
+    }
+}
+
+fn corrupt(path: &Path, reason: impl Into<String>) -> ScanError {
+    ScanError::Corrupt {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value, ScanError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    serde_json::from_slice(&bytes).map_err(|e| corrupt(path, format!("not complete JSON: {e}")))
+}
+
+fn list(dir: &Path) -> Result<Vec<String>, ScanError> {
+    match std::fs::read_dir(dir) {
+        Ok(rd) => Ok(rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(ScanError::NoTable(dir.to_owned()))
+        }
+        Err(e) => Err(ScanError::Io {
+            path: dir.to_owned(),
+            error: e,
+        }),
+    }
+}
+
+fn mtime_ms(path: &Path) -> i64 {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Snapshots with `sequence > after` (all when `after` is None), oldest first.
+pub fn scan(
+    format: TableFormat,
+    table: &Path,
+    after: Option<i64>,
+) -> Result<Vec<Snapshot>, ScanError> {
+    let mut all = match format {
+        TableFormat::Iceberg => iceberg(table)?,
+        TableFormat::Paimon => paimon(table, after)?,
+        TableFormat::Delta => delta(table, after)?,
+        TableFormat::Hudi => hudi(table)?,
+        TableFormat::Other => return Err(ScanError::NoTable(table.to_owned())),
+    };
+    all.retain(|s| after.is_none_or(|a| s.sequence > a));
+    all.sort_by_key(|s| s.sequence);
+    all.dedup_by_key(|s| s.sequence);
+    Ok(all)
+}
+
+// ---- Iceberg: the newest `metadata/*.metadata.json` (the directory scan works for
+// every file-based catalog; `version-hint.text` names it for Hadoop tables).
+
+fn iceberg_version(name: &str) -> Option<i64> {
+    let stem = name.strip_suffix(".metadata.json")?;
+    // `00003-<uuid>.metadata.json` (catalogs) or `v3.metadata.json` (Hadoop tables).
+    let n = stem.strip_prefix('v').unwrap_or(stem);
+    n.split('-').next()?.parse().ok()
+}
+
+fn iceberg(table: &Path) -> Result<Vec<Snapshot>, ScanError> {
+    let dir = table.join("metadata");
+    let newest = list(&dir)?
+        .into_iter()
+        .filter_map(|n| iceberg_version(&n).map(|v| (v, n)))
+        .max()
+        .ok_or_else(|| ScanError::NoTable(dir.clone()))?;
+    let path = dir.join(&newest.1);
+    let meta = read_json(&path)?;
+    let snapshots = match meta.get("snapshots") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(corrupt(&path, "`snapshots` is not an array")),
+    };
+    let mut out = Vec::new();
+    for (i, s) in snapshots.iter().enumerate() {
+        let id = s
+            .get("snapshot-id")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| corrupt(&path, format!("snapshots[{i}] has no snapshot-id")))?;
+        let ts = s
+            .get("timestamp-ms")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| corrupt(&path, format!("snapshot {id} has no timestamp-ms")))?;
+        // Format v1 has no sequence numbers: the order of the snapshot log stands in.
+        let seq = s
+            .get("sequence-number")
+            .and_then(Value::as_i64)
+            .unwrap_or(i as i64 + 1);
+        let op = s
+            .pointer("/summary/operation")
+            .and_then(Value::as_str)
+            .unwrap_or("append");
+        out.push(Snapshot {
+            snapshot_id: id,
+            sequence: seq,
+            commit_time_ms: ts,
+            operation: match op {
+                "append" => Operation::Append,
+                "overwrite" => Operation::Overwrite,
+                "delete" => Operation::Delete,
+                "replace" => Operation::Compact, // rewrites files, data unchanged
+                _ => Operation::Other,
+            },
+            watermark_ms: None,
+            schema_id: s.get("schema-id").and_then(Value::as_i64),
+            attributes: vec![("iceberg.operation".into(), op.into())],
+        });
+    }
+    Ok(out)
+}
+
+// ---- Paimon: `snapshot/snapshot-N`, scanned forward (LATEST / EARLIEST are hints
+// that can be wrong, so the directory is listed instead of trusting them).
+
+fn paimon(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
+    let dir = table.join("snapshot");
+    let mut ids: Vec<i64> = list(&dir)?
+        .iter()
+        .filter_map(|n| n.strip_prefix("snapshot-")?.parse().ok())
+        .filter(|id| after.is_none_or(|a| *id > a))
+        .collect();
+    ids.sort_unstable();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let path = dir.join(format!("snapshot-{id}"));
+        let s = match read_json(&path) {
+            Ok(s) => s,
+            // Expired between the listing and the read: it is gone, not corrupt.
+            Err(ScanError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if s.get("id").and_then(Value::as_i64) != Some(id) {
+            return Err(corrupt(&path, "its `id` is not the number in its name"));
+        }
+        let kind = s
+            .get("commitKind")
+            .and_then(Value::as_str)
+            .unwrap_or("APPEND")
+            .to_owned();
+        out.push(Snapshot {
+            snapshot_id: id,
+            sequence: id,
+            commit_time_ms: s
+                .get("timeMillis")
+                .and_then(Value::as_i64)
+                .ok_or_else(|| corrupt(&path, "no timeMillis"))?,
+            operation: match kind.as_str() {
+                "APPEND" => Operation::Append,
+                "OVERWRITE" => Operation::Overwrite,
+                "COMPACT" => Operation::Compact,
+                _ => Operation::Other, // ANALYZE
+            },
+            // Long.MIN_VALUE means "no watermark".
+            watermark_ms: s
+                .get("watermark")
+                .and_then(Value::as_i64)
+                .filter(|w| *w != i64::MIN),
+            schema_id: s.get("schemaId").and_then(Value::as_i64),
+            attributes: vec![("paimon.commit_kind".into(), kind)],
+        });
+    }
+    Ok(out)
+}
+
+// ---- Delta: `_delta_log/<20-digit version>.json` with its commitInfo; a version
+// only in a checkpoint (older JSON cleaned up) is taken from `_last_checkpoint`.
+
+fn delta(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
+    let dir = table.join("_delta_log");
+    let names = list(&dir)?;
+    let mut versions: Vec<i64> = names
+        .iter()
+        .filter_map(|n| {
+            n.strip_suffix(".json")
+                .filter(|v| v.len() == 20)?
+                .parse()
+                .ok()
+        })
+        .filter(|v| after.is_none_or(|a| *v > a))
+        .collect();
+    versions.sort_unstable();
+    let mut out = Vec::new();
+    let checkpoint = dir.join("_last_checkpoint");
+    if checkpoint.exists() {
+        let cp = read_json(&checkpoint)?;
+        let v = cp
+            .get("version")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| corrupt(&checkpoint, "no version"))?;
+        if !versions.contains(&v)
+            && after.is_none_or(|a| v > a)
+            && versions.first().is_none_or(|f| *f > v)
+        {
+            out.push(Snapshot {
+                snapshot_id: v,
+                sequence: v,
+                commit_time_ms: mtime_ms(&checkpoint),
+                operation: Operation::Other,
+                watermark_ms: None,
+                schema_id: None,
+                attributes: vec![("delta.from".into(), "checkpoint".into())],
+            });
+        }
+    }
+    for v in versions {
+        let path = dir.join(format!("{v:020}.json"));
+        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+        let mut info = None;
+        let mut schema_changed = false;
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let action: Value = serde_json::from_str(line)
+                .map_err(|e| corrupt(&path, format!("line {}: not complete JSON: {e}", n + 1)))?;
+            if let Some(ci) = action.get("commitInfo") {
+                info = Some(ci.clone());
+            }
+            schema_changed |= action.get("metaData").is_some();
+        }
+        let info = info.unwrap_or(Value::Null);
+        let op = info
+            .get("operation")
+            .and_then(Value::as_str)
+            .unwrap_or("WRITE")
+            .to_owned();
+        let mode = info
+            .pointer("/operationParameters/mode")
+            .and_then(Value::as_str)
+            .unwrap_or("Append");
+        let mut attributes = vec![("delta.operation".into(), op.clone())];
+        if schema_changed {
+            attributes.push(("delta.metadata".into(), "changed".into()));
+        }
+        out.push(Snapshot {
+            snapshot_id: v,
+            sequence: v,
+            commit_time_ms: info
+                .get("timestamp")
+                .and_then(Value::as_i64)
+                .unwrap_or_else(|| mtime_ms(&path)),
+            operation: match (op.as_str(), mode) {
+                (
+                    "WRITE" | "CREATE TABLE" | "CREATE OR REPLACE TABLE" | "STREAMING UPDATE",
+                    "Overwrite",
+                ) => Operation::Overwrite,
+                ("WRITE" | "CREATE TABLE" | "STREAMING UPDATE" | "CONVERT", _) => Operation::Append,
+                ("CREATE OR REPLACE TABLE" | "MERGE" | "UPDATE" | "RESTORE", _) => {
+                    Operation::Overwrite
+                }
+                ("DELETE" | "TRUNCATE", _) => Operation::Delete,
+                ("OPTIMIZE" | "REORG" | "ZORDER", _) => Operation::Compact,
+                _ => Operation::Other, // VACUUM, SET TBLPROPERTIES, …
+            },
+            watermark_ms: None,
+            schema_id: None,
+            attributes,
+        });
+    }
+    Ok(out)
+}
+
+// ---- Hudi: completed instants of the `.hoodie` timeline, in both layouts:
+//   0.x (timeline layout 1, e.g. Hudi 0.15.0): `.hoodie/<instant>.<action>`, pending
+//       ones end in `.requested` / `.inflight`; completed commit files hold the
+//       HoodieCommitMetadata as JSON.
+//   1.x (timeline layout 2, e.g. Hudi 1.0.2): `.hoodie/timeline/<instant>_<completion>.<action>`;
+//       the file content is Avro, so the action alone tells the operation.
+
+const HUDI_ACTIONS: [&str; 5] = [
+    "commit",
+    "deltacommit",
+    "replacecommit",
+    "clean",
+    "rollback",
+];
+
+fn hudi(table: &Path) -> Result<Vec<Snapshot>, ScanError> {
+    let hoodie = table.join(".hoodie");
+    let v2 = hoodie.join("timeline");
+    let (dir, layout2) = if v2.is_dir() {
+        (v2, true)
+    } else {
+        (hoodie.clone(), false)
+    };
+    let mut out = Vec::new();
+    for name in list(&dir)? {
+        let Some((stem, action)) = name.split_once('.') else {
+            continue;
+        };
+        if !HUDI_ACTIONS.contains(&action) {
+            continue; // `.requested`, `.inflight`, `hoodie.properties`, …
+        }
+        let instant = if layout2 {
+            match stem.split_once('_') {
+                Some((requested, _completed)) => requested,
+                None => continue, // no completion time: not complete
+            }
+        } else {
+            stem
+        };
+        let Ok((sequence, commit_ms)) = crate::normalize::hudi_instant(instant) else {
+            continue;
+        };
+        let path = dir.join(&name);
+        let operation_type = if layout2 || action == "clean" || action == "rollback" {
+            None
+        } else {
+            let meta = read_json(&path)?;
+            meta.get("operationType")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        let mut attributes = vec![("hudi.action".into(), action.to_owned())];
+        if let Some(op) = &operation_type {
+            attributes.push(("hudi.operation_type".into(), op.clone()));
+        }
+        out.push(Snapshot {
+            snapshot_id: sequence,
+            sequence,
+            commit_time_ms: commit_ms,
+            operation: crate::normalize::hudi_operation(Some(action), operation_type.as_deref()),
+            watermark_ms: None,
+            schema_id: None,
+            attributes,
+        });
+    }
+    if out.is_empty() && !hoodie.join("hoodie.properties").exists() {
+        return Err(ScanError::NoTable(hoodie));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sluice-scan-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn hudi_both_layouts_completed_instants_only() {
+        let t = dir("hudi0");
+        let h = t.join(".hoodie");
+        std::fs::create_dir_all(&h).expect("dir");
+        std::fs::write(h.join("hoodie.properties"), "hoodie.table.name=orders\n").expect("w");
+        std::fs::write(h.join("20241201120000000.commit"), r#"{"partitionToWriteStats": {}, "compacted": false, "extraMetadata": {}, "operationType": "UPSERT"}"#).expect("w");
+        std::fs::write(h.join("20241201130000000.commit.requested"), "").expect("w");
+        std::fs::write(h.join("20241201130000000.inflight"), "").expect("w");
+        std::fs::write(
+            h.join("20241201140000000.replacecommit"),
+            r#"{"operationType": "CLUSTER"}"#,
+        )
+        .expect("w");
+        let s = scan(TableFormat::Hudi, &t, None).expect("scan");
+        assert_eq!(
+            s.iter()
+                .map(|s| (s.sequence, s.operation))
+                .collect::<Vec<_>>(),
+            [
+                (20241201120000000, Operation::Append),
+                (20241201140000000, Operation::Compact)
+            ]
+        );
+        // A completed file still being written is not turned into an event.
+        std::fs::write(h.join("20241201150000000.commit"), r#"{"partitionToWr"#).expect("w");
+        assert!(matches!(
+            scan(TableFormat::Hudi, &t, None),
+            Err(ScanError::Corrupt { .. })
+        ));
+
+        let t = dir("hudi1");
+        let tl = t.join(".hoodie/timeline");
+        std::fs::create_dir_all(&tl).expect("dir");
+        std::fs::write(
+            tl.join("20241201120000000_20241201120001000.deltacommit"),
+            [0u8, 1, 2],
+        )
+        .expect("w");
+        std::fs::write(tl.join("20241201130000000.deltacommit.inflight"), "").expect("w");
+        let s = scan(TableFormat::Hudi, &t, Some(0)).expect("scan");
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].sequence, 20241201120000000);
+    }
+
+    #[test]
+    fn paimon_scans_forward_and_ignores_hints() {
+        let t = dir("paimon");
+        let d = t.join("snapshot");
+        std::fs::create_dir_all(&d).expect("dir");
+        for id in [3, 4, 5] {
+            let kind = if id == 4 { "COMPACT" } else { "APPEND" };
+            std::fs::write(d.join(format!("snapshot-{id}")), format!(
+                r#"{{"version": 3, "id": {id}, "schemaId": 0, "commitKind": "{kind}", "timeMillis": {}, "watermark": -9223372036854775808}}"#, 1000 + id)).expect("w");
+        }
+        std::fs::write(d.join("LATEST"), "9").expect("w"); // a wrong hint
+        let s = scan(TableFormat::Paimon, &t, Some(3)).expect("scan");
+        assert_eq!(
+            s.iter()
+                .map(|s| (s.sequence, s.operation, s.watermark_ms))
+                .collect::<Vec<_>>(),
+            [(4, Operation::Compact, None), (5, Operation::Append, None)]
+        );
+    }
+}

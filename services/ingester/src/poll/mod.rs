@@ -1,0 +1,374 @@
+//! The compensation path of the seeds: push can be lost, so registered tables are
+//! polled. Each table's own metadata is read (`formats`) and every snapshot after
+//! the known position is emitted as an event with the id a push of the same commit
+//! would have, so the fold takes it once whichever path came first.
+//!
+//! The position of a table is the newest sequence the asset-state topic holds for
+//! it (followed live, so a restart resumes where the fold is and re-emits no
+//! history), or what this poller emitted since, if newer. The seed's heartbeat
+//! rule: a table whose state has not advanced for `push_timeout_ms` is polled now;
+//! otherwise every `interval_ms`. A snapshot a poll emits that the state did not
+//! yet hold counts in `sluice_ingester_poll_found_first_total`.
+
+pub mod formats;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::Deserialize;
+use sluice_core::{AssetEvent, AssetKey, EventSource, TableFormat};
+use sluice_kit::wire::StateRecord;
+use sluice_kit::{Codec, SchemaName, Shutdown};
+
+use crate::metrics as m;
+use crate::sink::Sink;
+use formats::{ScanError, Snapshot};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// A table never seen before: emit only its newest snapshot.
+    #[default]
+    Latest,
+    /// A table never seen before: emit its whole retained history.
+    Earliest,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSpec {
+    pub asset: String,
+    pub format: String,
+    /// The table's base directory on the local filesystem.
+    pub path: PathBuf,
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+    #[serde(default = "default_push_timeout")]
+    pub push_timeout_ms: u64,
+    #[serde(default)]
+    pub start: Start,
+}
+
+fn default_interval() -> u64 {
+    300_000
+}
+fn default_push_timeout() -> u64 {
+    60_000
+}
+
+#[derive(Clone, Debug)]
+pub struct Table {
+    pub asset: AssetKey,
+    pub format: TableFormat,
+    pub path: PathBuf,
+    pub interval: Duration,
+    pub push_timeout: Duration,
+    pub start: Start,
+}
+
+pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
+    let specs: Vec<TableSpec> =
+        serde_json::from_str(json).map_err(|e| vec![format!("SLUICE_POLL_TABLES: {e}")])?;
+    let mut problems = Vec::new();
+    let mut tables = Vec::new();
+    for (i, s) in specs.into_iter().enumerate() {
+        let at = format!("SLUICE_POLL_TABLES[{i}] ({})", s.asset);
+        let asset = AssetKey::parse(&s.asset).map_err(|e| problems.push(format!("{at}: {e}")));
+        let format = s
+            .format
+            .parse::<TableFormat>()
+            .map_err(|e| problems.push(format!("{at}: {e}")));
+        if matches!(format, Ok(TableFormat::Other)) {
+            problems.push(format!("{at}: format other has no metadata to poll"));
+        }
+        if s.interval_ms < 100 || s.push_timeout_ms < 100 {
+            problems.push(format!(
+                "{at}: interval_ms and push_timeout_ms are at least 100"
+            ));
+        }
+        if let (Ok(asset), Ok(format)) = (asset, format) {
+            tables.push(Table {
+                asset,
+                format,
+                path: s.path,
+                interval: Duration::from_millis(s.interval_ms),
+                push_timeout: Duration::from_millis(s.push_timeout_ms),
+                start: s.start,
+            });
+        }
+    }
+    if problems.is_empty() {
+        Ok(tables)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The newest sequence the asset-state topic holds per polled asset, and when it
+/// last advanced.
+#[derive(Default)]
+pub struct Known {
+    seen: Mutex<HashMap<String, (i64, Instant)>>,
+    caught_up: AtomicBool,
+}
+
+impl Known {
+    fn advance(&self, asset: &str, sequence: i64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let e = seen
+            .entry(asset.to_owned())
+            .or_insert((i64::MIN, Instant::now()));
+        if sequence > e.0 {
+            *e = (sequence, Instant::now());
+        }
+    }
+
+    fn get(&self, asset: &str) -> Option<(i64, Instant)> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(asset)
+            .copied()
+    }
+
+    /// Follows every partition of asset-state until `stop` (a blocking loop).
+    pub fn follow(
+        self: &Arc<Self>,
+        mut config: ClientConfig,
+        topic: &str,
+        wanted: &[AssetKey],
+        codec: &Codec,
+        runtime: &tokio::runtime::Handle,
+        stop: &AtomicBool,
+    ) -> Result<(), String> {
+        let wanted: std::collections::HashSet<&str> = wanted.iter().map(AssetKey::as_str).collect();
+        config.set("enable.partition.eof", "true");
+        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(30))
+            .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        let count = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..count {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+        let mut behind: std::collections::BTreeSet<i32> = (0..count).collect();
+        if behind.is_empty() {
+            self.caught_up.store(true, Ordering::Release);
+        }
+        while !stop.load(Ordering::Relaxed) {
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Err(KafkaError::PartitionEOF(p)))
+                    if behind.remove(&p) && behind.is_empty() =>
+                {
+                    self.caught_up.store(true, Ordering::Release);
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "asset-state read error"),
+                Some(Ok(msg)) => {
+                    let Some(key) = msg.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+                        continue;
+                    };
+                    let Some(payload) = msg.payload().filter(|_| wanted.contains(key)) else {
+                        continue;
+                    };
+                    match runtime
+                        .block_on(codec.decode::<StateRecord>(SchemaName::AssetState, payload))
+                    {
+                        Ok(r) => {
+                            if let Some(latest) = r.latest {
+                                self.advance(key, latest.sequence);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(asset = key, error = %e, "unreadable asset-state record skipped")
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn caught_up(&self) -> bool {
+        self.caught_up.load(Ordering::Acquire)
+    }
+}
+
+fn event(t: &Table, s: &Snapshot) -> AssetEvent {
+    let mut e = AssetEvent::committed(
+        t.asset.clone(),
+        t.format,
+        s.snapshot_id,
+        s.sequence,
+        s.commit_time_ms,
+        EventSource::Poll,
+    );
+    e.operation = s.operation;
+    e.watermark_ms = s.watermark_ms;
+    e.schema_id = s.schema_id;
+    e.attributes = s.attributes.iter().cloned().collect();
+    e
+}
+
+/// Pure: what to emit of a scan, given the known position and the start policy.
+pub fn to_emit(found: Vec<Snapshot>, position: Option<i64>, start: Start) -> Vec<Snapshot> {
+    match (position, start) {
+        (None, Start::Latest) => found.into_iter().last().into_iter().collect(),
+        (None, Start::Earliest) => found,
+        (Some(p), _) => found.into_iter().filter(|s| s.sequence > p).collect(),
+    }
+}
+
+struct Polled {
+    table: Table,
+    emitted_through: Option<i64>,
+    last_poll: Option<Instant>,
+}
+
+pub struct Poller {
+    pub tables: Vec<Table>,
+    pub known: Arc<Known>,
+    pub sink: Sink,
+}
+
+impl Poller {
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), String> {
+        while !self.known.caught_up() {
+            if shutdown.is_stopping() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut tables: Vec<Polled> = self
+            .tables
+            .iter()
+            .map(|t| Polled {
+                table: t.clone(),
+                emitted_through: None,
+                last_poll: None,
+            })
+            .collect();
+        tracing::info!(
+            tables = tables.len(),
+            "pollers started at the asset-state positions"
+        );
+        while !shutdown.is_stopping() {
+            for p in &mut tables {
+                let state = self.known.get(p.table.asset.as_str());
+                let due = match p.last_poll {
+                    None => true,
+                    Some(last) => {
+                        let quiet = state
+                            .is_none_or(|(_, advanced)| advanced.elapsed() >= p.table.push_timeout);
+                        last.elapsed() >= p.table.interval
+                            || (quiet && last.elapsed() >= p.table.push_timeout)
+                    }
+                };
+                if due {
+                    self.poll_one(p, state.map(|(s, _)| s)).await;
+                }
+            }
+            tokio::select! {
+                _ = shutdown.clone().wait_stopped() => break,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn poll_one(&self, p: &mut Polled, state_sequence: Option<i64>) {
+        p.last_poll = Some(Instant::now());
+        let t = p.table.clone();
+        let position = match (state_sequence, p.emitted_through) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let format = t.format.as_str();
+        let scanned = tokio::task::spawn_blocking({
+            let (path, fmt) = (t.path.clone(), t.format);
+            move || formats::scan(fmt, &path, position)
+        })
+        .await
+        .map_err(|e| ScanError::Corrupt {
+            path: t.path.clone(),
+            reason: e.to_string(),
+        })
+        .and_then(|r| r);
+        let found = match scanned {
+            Ok(found) => found,
+            Err(e) => {
+                metrics::counter!(m::POLL_ERRORS_TOTAL, "format" => format).increment(1);
+                tracing::warn!(asset = %t.asset, error = %e, "poll failed; retried at the next poll");
+                return;
+            }
+        };
+        let emit = to_emit(found, position, t.start);
+        if emit.is_empty() {
+            return;
+        }
+        let events: Vec<AssetEvent> = emit.iter().map(|s| event(&t, s)).collect();
+        match self.sink.publish(&events).await {
+            Ok(()) => {
+                let newest = emit.last().map(|s| s.sequence);
+                p.emitted_through = newest.max(p.emitted_through);
+                metrics::counter!(m::POLL_EMITTED_TOTAL, "format" => format)
+                    .increment(events.len() as u64);
+                // The state had none of them when the poll began: push missed them (or lags).
+                metrics::counter!(m::POLL_FOUND_FIRST_TOTAL, "format" => format)
+                    .increment(events.len() as u64);
+                tracing::info!(asset = %t.asset, events = events.len(), through = ?newest, "poll found commits push had not reported");
+            }
+            Err(e) => {
+                tracing::warn!(asset = %t.asset, error = %e, "poll events not acknowledged; retried at the next poll")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(seq: i64) -> Snapshot {
+        Snapshot {
+            snapshot_id: seq,
+            sequence: seq,
+            commit_time_ms: seq,
+            operation: sluice_core::Operation::Append,
+            watermark_ms: None,
+            schema_id: None,
+            attributes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn position_and_start_policy() {
+        let found = || vec![snap(1), snap(2), snap(3)];
+        let seqs = |v: Vec<Snapshot>| v.iter().map(|s| s.sequence).collect::<Vec<_>>();
+        assert_eq!(seqs(to_emit(found(), None, Start::Latest)), [3]);
+        assert_eq!(seqs(to_emit(found(), None, Start::Earliest)), [1, 2, 3]);
+        assert_eq!(seqs(to_emit(found(), Some(1), Start::Latest)), [2, 3]);
+        assert!(to_emit(found(), Some(3), Start::Earliest).is_empty());
+    }
+
+    #[test]
+    fn table_config_names_every_mistake() {
+        let p = parse_tables(
+            r#"[{"asset": "lake.ods", "format": "iceberg", "path": "/x"},
+                {"asset": "lake.ods.b", "format": "orc", "path": "/x", "interval_ms": 5}]"#,
+        )
+        .expect_err("refused");
+        assert_eq!(p.len(), 3, "{p:?}");
+    }
+}
