@@ -34,3 +34,11 @@ ensure_airflow() {
   bash "$HERE/ensure-venv.sh" airflow "$AIRFLOW_PIN"
   export SLUICE_TEST_AIRFLOW_VENV="$HERE/../.stack/airflow-venv"
 }
+
+# The real lake writers (pyiceberg, deltalake, pypaimon) the poller tests and the
+# main job commit with.
+LAKE_PINS=("pyiceberg[sql-sqlite,pyarrow]==0.12.0" "deltalake==1.6.6" "pypaimon==2.1.0")
+ensure_lake() {
+  bash "$HERE/ensure-venv.sh" lake "${LAKE_PINS[@]}"
+  export SLUICE_TEST_LAKE_VENV="$HERE/../.stack/lake-venv"
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one:
 #   installs what is missing (Kafka from Maven Central, PostgreSQL from the machine's
-#   packages, Airflow from PyPI into a venv), starts the local stack, builds, checks
+#   packages, Airflow and the lake writers from PyPI into venvs), starts the local stack, builds, checks
 #   formatting and lints, runs every test (the core's pure tests and the integration
 #   tests against the real broker, PostgreSQL and Airflow), then stops the stack again if it was not running before.
 set -euo pipefail
@@ -15,6 +15,7 @@ say() { printf '[test] %s\n' "$*" >&2; }
 source "$HERE/lib.sh"
 ensure_toolchain
 ensure_airflow
+ensure_lake
 stack_up
 trap stack_down_if_started EXIT
 

@@ -154,14 +154,29 @@ pub fn committed_total(
         .sum())
 }
 
-/// Every committed record of `topic` (partitions `0..partitions`), per key in log
-/// order; a tombstone is an empty payload.
-pub fn read_topic(
-    topic: &str,
-    partitions: i32,
-) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+/// One record as read back, headers included.
+#[derive(Clone, Debug)]
+pub struct ReadRecord {
+    pub partition: i32,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl ReadRecord {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+/// Every committed record of partitions `0..partitions` of `topic`, in partition
+/// and offset order.
+pub fn read_records(topic: &str, partitions: i32) -> Vec<ReadRecord> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Message;
+    use rdkafka::message::{Headers, Message};
     use rdkafka::{Offset, TopicPartitionList};
     let mut cfg = kafka().reader_config(&unique("reader"));
     cfg.set("enable.partition.eof", "true");
@@ -172,18 +187,42 @@ pub fn read_topic(
             .expect("tpl");
     }
     c.assign(&tpl).expect("assign");
-    let mut out: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
+    let mut out = Vec::new();
     let mut eof = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while eof < partitions && Instant::now() < deadline {
         match c.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => out
-                .entry(String::from_utf8_lossy(m.key().unwrap_or_default()).to_string())
-                .or_default()
-                .push(m.payload().unwrap_or_default().to_vec()),
+            Some(Ok(m)) => out.push(ReadRecord {
+                partition: m.partition(),
+                key: m.key().map(<[u8]>::to_vec),
+                payload: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|x| (x.key.to_owned(), x.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }),
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => eof += 1,
             _ => {}
         }
+    }
+    out.sort_by_key(|r| r.partition);
+    out
+}
+
+/// The values of `topic` by key (UTF-8), in offset order per key.
+pub fn read_topic(
+    topic: &str,
+    partitions: i32,
+) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+    let mut out: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
+    for r in read_records(topic, partitions) {
+        out.entry(String::from_utf8_lossy(&r.key.unwrap_or_default()).to_string())
+            .or_default()
+            .push(r.payload.unwrap_or_default());
     }
     out
 }

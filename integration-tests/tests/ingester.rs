@@ -1,0 +1,748 @@
+//! The ingester as a process against the real broker: HTTP push with every
+//! refusal, a broker that cannot take the event (503), commit-hook and Debezium
+//! CDC topics exactly once across a kill -9 with bad records dead-lettered, and the
+//! pollers on tables written by the real writers (pyiceberg, pypaimon, deltalake
+//! from the venv `compose/ensure-venv.sh` installs; Hudi timelines laid out as
+//! Hudi 0.15.0 and 1.0.2 write them), push + poll of one commit folding once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde_json::{Value, json};
+use sluice_core::{AssetEvent, AssetKey, EventId, EventKind, EventSource, TableFormat};
+use sluice_integration_tests::{
+    ReadRecord, bootstrap, create_topic, free_port, kafka, read_records, service_binary, unique,
+};
+use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::wire::StateRecord;
+use sluice_kit::{Codec, SchemaName};
+
+const PARTITIONS: i32 = 2;
+const TOKEN: &str = "tok-ods-0123456789";
+const TOKENS: &str =
+    r#"[{"name": "ods-writer", "token": "tok-ods-0123456789", "namespaces": ["lake.ods"]}]"#;
+
+struct Ingester {
+    child: Child,
+    http: String,
+    admin: String,
+}
+
+impl Drop for Ingester {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn topics_for(tag: &str) -> TopicNames {
+    let names = TopicNames::with_prefix(&format!("{}.", unique(tag)), PARTITIONS);
+    let admin = kafka().admin("ingester-test").expect("admin");
+    topics::bootstrap(
+        &admin,
+        &names,
+        &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter],
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("topics");
+    names
+}
+
+async fn start(names: &TopicNames, instance: &str, env: &[(&str, &str)]) -> Ingester {
+    let (http_port, admin_port) = (free_port(), free_port());
+    let mut cmd = Command::new(service_binary("sluice-ingester"));
+    cmd.env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+        .env("SLUICE_TOPIC_PREFIX", &names.prefix)
+        .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+        .env("SLUICE_INSTANCE", instance)
+        .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{admin_port}"))
+        .env("SLUICE_INGEST_HTTP_ADDR", format!("127.0.0.1:{http_port}"))
+        .env("SLUICE_INGEST_TOKENS", TOKENS)
+        .env(
+            "SLUICE_LOG",
+            std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let ing = Ingester {
+        child: cmd.spawn().expect("spawn ingester"),
+        http: format!("http://127.0.0.1:{http_port}"),
+        admin: format!("http://127.0.0.1:{admin_port}"),
+    };
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = client
+            .get(format!("{}/health/ready", ing.admin))
+            .send()
+            .await;
+        if ready.is_ok_and(|r| r.status().is_success()) {
+            return ing;
+        }
+        assert!(Instant::now() < deadline, "ingester not ready in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn events(names: &TopicNames) -> Vec<AssetEvent> {
+    let codec = Codec::new(None);
+    let mut out = Vec::new();
+    for r in read_records(&names.name(Topic::AssetEvents), PARTITIONS) {
+        let e: AssetEvent = codec
+            .decode(SchemaName::AssetEvent, &r.payload.expect("an event"))
+            .await
+            .expect("asset-events decode");
+        assert_eq!(
+            r.key.as_deref(),
+            Some(e.asset_key.as_str().as_bytes()),
+            "keyed by asset"
+        );
+        assert!(e.id_is_consistent());
+        out.push(e);
+    }
+    out
+}
+
+/// The newest asset-state per asset (the state-updater's fold).
+async fn states(names: &TopicNames) -> BTreeMap<String, StateRecord> {
+    let codec = Codec::new(None);
+    let mut out = BTreeMap::new();
+    for r in read_records(&names.name(Topic::AssetState), PARTITIONS) {
+        let s: StateRecord = codec
+            .decode(SchemaName::AssetState, &r.payload.expect("a state"))
+            .await
+            .expect("asset-state decode");
+        out.insert(s.asset_key.as_str().to_owned(), s);
+    }
+    out
+}
+
+fn id(asset: &str, sequence: i64, snapshot: i64) -> String {
+    EventId::derive(
+        &AssetKey::parse(asset).expect("key"),
+        EventKind::SnapshotCommitted,
+        sequence,
+        snapshot,
+    )
+    .as_str()
+    .to_owned()
+}
+
+fn count_by_id(evs: &[AssetEvent]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for e in evs {
+        *m.entry(e.event_id.as_str().to_owned()).or_insert(0) += 1;
+    }
+    m
+}
+
+async fn post(
+    url: &str,
+    token: Option<&str>,
+    body: impl Into<reqwest::Body>,
+) -> (u16, Value, Option<String>) {
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let body = resp.json().await.unwrap_or(Value::Null);
+    (status, body, retry)
+}
+
+fn notice(asset: &str, seq: i64) -> Value {
+    json!({"asset_key": asset, "format": "iceberg", "snapshot_id": 1000 + seq, "sequence": seq,
+           "commit_time_ms": 1_700_000_000_000i64 + seq})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_push_is_acknowledged_and_every_bad_request_gets_its_4xx() {
+    let names = topics_for("ih").await;
+    let ing = start(&names, "a", &[]).await;
+    let commits = format!("{}/v1/commits", ing.http);
+
+    let (s, b, _) = post(
+        &commits,
+        Some(TOKEN),
+        notice("lake.ods.orders", 1).to_string(),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["event_ids"][0], id("lake.ods.orders", 1, 1001).as_str());
+    let batch = json!({"commits": [notice("lake.ods.orders", 2), notice("lake.ods.payments", 1), notice("lake.ods.payments", 2)]});
+    let (s, b, _) = post(&commits, Some(TOKEN), batch.to_string()).await;
+    assert_eq!((s, b["accepted"].as_u64()), (200, Some(3)), "{b}");
+
+    // Refusals: each with its status and a message that names the fault.
+    let cases: Vec<(Option<&str>, String, u16, &str)> = vec![
+        (None, notice("lake.ods.orders", 9).to_string(), 401, "no bearer token"),
+        (Some("tok-wrong-0123456789"), notice("lake.ods.orders", 9).to_string(), 401, "not valid"),
+        (Some(TOKEN), notice("lake.dwd.fact", 9).to_string(), 403, "may not write namespace \"lake.dwd\""),
+        (Some(TOKEN), "{\"asset_key\": ".into(), 400, "body is not JSON"),
+        (
+            Some(TOKEN),
+            json!([notice("lake.ods.orders", 9), notice("Lake.ods.x", 9)]).to_string(),
+            400,
+            "commits[1].asset_key",
+        ),
+        (Some(TOKEN), json!({"asset_key": "lake.ods.orders", "format": "orc", "snapshot_id": 1, "sequence": 1, "commit_time_ms": 1}).to_string(), 400, "format: unknown table format"),
+        (Some(TOKEN), format!("[{}]", vec![notice("lake.ods.orders", 9).to_string(); 20_000].join(",")), 413, "body exceeds 1048576 bytes"),
+    ];
+    for (token, body, want, msg) in cases {
+        let (s, b, _) = post(&commits, token, body).await;
+        assert_eq!(s, want, "{b}");
+        assert!(
+            b["error"].as_str().is_some_and(|e| e.contains(msg)),
+            "{want}: {b}"
+        );
+    }
+
+    // Hudi's HTTP callback: its API key header, the asset completed from ?namespace.
+    let hudi = json!({"commitTime": "20241201123045123", "tableName": "Orders_Hudi", "basePath": "/lake/orders_hudi",
+        "hoodieWriteStat": [{"fileId": "f1", "partitionPath": "dt=2024-12-01", "numInserts": 5}], "commitActionType": "deltacommit"});
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/hooks/hudi?namespace=lake.ods", ing.http))
+        .header("HUDI-CALLBACK-KEY", TOKEN)
+        .body(hudi.to_string())
+        .send()
+        .await
+        .expect("hudi callback");
+    assert_eq!(resp.status().as_u16(), 200);
+    let (s, b, _) = post(
+        &format!("{}/v1/hooks/hudi", ing.http),
+        Some(TOKEN),
+        hudi.to_string(),
+    )
+    .await;
+    assert_eq!(s, 400, "{b}");
+
+    let evs = events(&names).await;
+    let mut got: Vec<(String, i64)> = evs
+        .iter()
+        .map(|e| (e.asset_key.as_str().to_owned(), e.sequence))
+        .collect();
+    got.sort();
+    println!("HTTP accepted events on asset-events: {got:?}");
+    assert_eq!(
+        got,
+        [
+            ("lake.ods.orders".to_owned(), 1),
+            ("lake.ods.orders".to_owned(), 2),
+            ("lake.ods.orders_hudi".to_owned(), 20241201123045123),
+            ("lake.ods.payments".to_owned(), 1),
+            ("lake.ods.payments".to_owned(), 2),
+        ],
+        "every 200 is on the topic, nothing refused is"
+    );
+    assert!(evs.iter().all(|e| e.source == EventSource::Push));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_cannot_take_the_event_answers_503_not_a_false_200() {
+    let names = topics_for("i503").await;
+    let ing = start(&names, "a", &[("SLUICE_INGEST_ACK_TIMEOUT_MS", "2000")]).await;
+    let commits = format!("{}/v1/commits", ing.http);
+    let (s, _, _) = post(
+        &commits,
+        Some(TOKEN),
+        notice("lake.ods.orders", 1).to_string(),
+    )
+    .await;
+    assert_eq!(s, 200);
+    // The topic goes away (automatic creation is off): the broker cannot acknowledge.
+    let admin = kafka().admin("ingester-test").expect("admin");
+    admin
+        .delete_topics(
+            &[&names.name(Topic::AssetEvents)],
+            &rdkafka::admin::AdminOptions::new(),
+        )
+        .await
+        .expect("delete topic");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    let (s, b, retry) = post(
+        &commits,
+        Some(TOKEN),
+        notice("lake.ods.orders", 2).to_string(),
+    )
+    .await;
+    println!(
+        "after the topic was deleted: {s} in {:?}, Retry-After {retry:?}: {b}",
+        t.elapsed()
+    );
+    assert_eq!(s, 503, "{b}");
+    assert_eq!(retry.as_deref(), Some("5"));
+    assert!(
+        b["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not accepted, retry"))
+    );
+}
+
+fn produce(topic: &str, records: &[(Option<&str>, Option<Vec<u8>>)]) {
+    let p: BaseProducer = kafka()
+        .producer_config("ingester-test")
+        .create()
+        .expect("producer");
+    for (k, v) in records {
+        let mut r: BaseRecord<'_, str, [u8]> = BaseRecord::to(topic).partition(0);
+        if let Some(k) = k {
+            r = r.key(k);
+        }
+        if let Some(v) = v {
+            r = r.payload(v);
+        }
+        p.send(r).expect("send");
+    }
+    p.flush(Duration::from_secs(30)).expect("flush");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_and_cdc_topics_exactly_once_across_kill_9_bad_records_dead_lettered() {
+    let names = topics_for("ik").await;
+    let (json_t, hudi_t, avro_t, cdc_t) = (
+        create_topic(1).await,
+        create_topic(1).await,
+        create_topic(1).await,
+        create_topic(1).await,
+    );
+    let b = |v: Value| Some(v.to_string().into_bytes());
+    produce(
+        &json_t,
+        &[
+            (None, b(notice("lake.ods.a", 1))),
+            (
+                None,
+                b(json!([notice("lake.ods.a", 2), notice("lake.ods.b", 1)])),
+            ),
+            (Some("garbage"), Some(b"not json at all".to_vec())),
+            (None, b(notice("lake.ods..x", 1))),
+        ],
+    );
+    produce(
+        &hudi_t,
+        &[
+            (
+                Some("payments"),
+                b(
+                    json!({"commitTime": "20241202010203004", "tableName": "payments", "basePath": "/lake/p", "commitActionType": "commit"}),
+                ),
+            ),
+            (
+                Some("payments"),
+                b(json!({"commitTime": "yesterday", "tableName": "payments"})),
+            ),
+        ],
+    );
+    let codec = Codec::new(None);
+    let mut avro_event = AssetEvent::committed(
+        AssetKey::parse("lake.ods.c").expect("key"),
+        TableFormat::Paimon,
+        5,
+        5,
+        1_700_000_000_000,
+        EventSource::KafkaHook,
+    );
+    avro_event
+        .attributes
+        .insert("writer".into(), "flink".into());
+    let avro = codec
+        .encode(SchemaName::AssetEvent, &avro_t, &avro_event)
+        .await
+        .expect("encode");
+    produce(
+        &avro_t,
+        &[
+            (Some("lake.ods.c"), Some(avro)),
+            (Some("lake.ods.c"), Some(vec![0xC3, 0x01, 0xFF])),
+        ],
+    );
+    let row = json!({"asset_key": "lake.ods.d", "format": "delta", "snapshot_id": 3, "sequence": 3, "commit_time_ms": 1_700_000_000_003i64});
+    produce(
+        &cdc_t,
+        &[
+            (
+                Some("1"),
+                b(
+                    json!({"schema": {"type": "struct"}, "payload": {"before": null, "after": row, "op": "c", "ts_ms": 1}}),
+                ),
+            ),
+            (
+                Some("1"),
+                b(json!({"before": row, "after": null, "op": "d", "ts_ms": 2})),
+            ),
+            (Some("1"), None), // the tombstone after the delete
+            (
+                Some("2"),
+                b(json!({"before": null, "after": {"asset_key": "lake.ods.d"}, "op": "c"})),
+            ),
+        ],
+    );
+    let hooks = json!([
+        {"topic": json_t, "format": "json"},
+        {"topic": hudi_t, "format": "hudi", "namespace": "lake.ods"},
+        {"topic": avro_t, "format": "avro"},
+        {"topic": cdc_t, "format": "debezium"},
+    ])
+    .to_string();
+    let env = [
+        ("SLUICE_HOOK_TOPICS", hooks.as_str()),
+        ("SLUICE_INGEST_HTTP_ADDR", "off"),
+    ];
+    let want: BTreeMap<String, usize> = [
+        id("lake.ods.a", 1, 1001),
+        id("lake.ods.a", 2, 1002),
+        id("lake.ods.b", 1, 1001),
+        id("lake.ods.payments", 20241202010203004, 20241202010203004),
+        avro_event.event_id.as_str().to_owned(),
+        id("lake.ods.d", 3, 3),
+        EventId::derive(
+            &AssetKey::parse("lake.ods.d").expect("key"),
+            EventKind::SnapshotExpired,
+            3,
+            3,
+        )
+        .as_str()
+        .to_owned(),
+    ]
+    .into_iter()
+    .map(|k| (k, 1))
+    .collect();
+
+    let mut ing = start(&names, "a", &env).await;
+    let wait_all = async |names: &TopicNames| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = count_by_id(&events(names).await);
+            if got.len() >= want.len() || Instant::now() > deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let first = wait_all(&names).await;
+    // kill -9 and a restart: the committed offsets went with the events, nothing twice.
+    let _ = ing.child.kill();
+    let _ = ing.child.wait();
+    ing = start(&names, "a", &env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = count_by_id(&events(&names).await);
+    drop(ing);
+    println!("hook events by id before kill -9: {first:?}\nafter restart: {after:?}");
+    assert_eq!(first, want);
+    assert_eq!(
+        after, want,
+        "each hook record's events exactly once across kill -9"
+    );
+
+    let dlq: Vec<ReadRecord> = read_records(&names.name(Topic::DeadLetter), PARTITIONS);
+    let mut origins: Vec<(String, String)> = dlq
+        .iter()
+        .map(|r| {
+            (
+                r.header("sluice.dlq.topic").unwrap_or_default(),
+                r.header("sluice.dlq.offset").unwrap_or_default(),
+            )
+        })
+        .collect();
+    origins.sort();
+    let mut want_origins = vec![
+        (json_t.clone(), "2".to_owned()),
+        (json_t.clone(), "3".to_owned()),
+        (hudi_t.clone(), "1".to_owned()),
+        (avro_t.clone(), "1".to_owned()),
+        (cdc_t.clone(), "3".to_owned()),
+    ];
+    want_origins.sort();
+    println!(
+        "dead letters: {:?}",
+        dlq.iter()
+            .map(|r| r.header("sluice.dlq.error"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        origins, want_origins,
+        "every bad record dead-lettered once with its origin"
+    );
+    assert!(
+        dlq.iter()
+            .all(|r| r.header("sluice.dlq.error").is_some_and(|e| !e.is_empty()))
+    );
+}
+
+fn lake_python() -> PathBuf {
+    let venv = std::env::var_os("SLUICE_TEST_LAKE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.stack/lake-venv"));
+    let py = venv.join("bin/python");
+    assert!(
+        py.exists(),
+        "no lake writers at {} — `bash compose/ensure-venv.sh lake …` (compose/test.sh does it)",
+        py.display()
+    );
+    py
+}
+
+/// Commits with the real writer; returns (table path, [(snapshot id, sequence)]).
+fn commit(
+    format: &str,
+    warehouse: &Path,
+    table: &str,
+    commits: usize,
+) -> (PathBuf, Vec<(i64, i64)>) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/commit.py");
+    let out = Command::new(lake_python())
+        .arg(script)
+        .args([
+            format,
+            &warehouse.display().to_string(),
+            "ods",
+            table,
+            &commits.to_string(),
+        ])
+        .output()
+        .expect("run the lake writer");
+    assert!(
+        out.status.success(),
+        "{format} writer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut path = PathBuf::new();
+    let mut snaps = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: Value = serde_json::from_str(line).expect("writer output");
+        path = PathBuf::from(v["path"].as_str().expect("path"));
+        snaps.push((
+            v["snapshot_id"].as_i64().expect("id"),
+            v["sequence"].as_i64().expect("seq"),
+        ));
+    }
+    (path, snaps)
+}
+
+/// A Hudi 0.15.0 (timeline layout 1) table: completed instants as `<instant>.<action>`
+/// with JSON commit metadata, one still inflight.
+fn hudi_0x(dir: &Path) -> Vec<i64> {
+    let h = dir.join(".hoodie");
+    std::fs::create_dir_all(&h).expect("dir");
+    std::fs::write(h.join("hoodie.properties"), "hoodie.table.name=hudi_orders\nhoodie.table.type=COPY_ON_WRITE\nhoodie.timeline.layout.version=1\nhoodie.table.version=6\n").expect("w");
+    let meta = |op: &str| {
+        format!(
+            r#"{{"partitionToWriteStats": {{"dt=2024-12-01": [{{"fileId": "f1", "partitionPath": "dt=2024-12-01", "numInserts": 3}}]}}, "compacted": false, "extraMetadata": {{"schema": "{{}}"}}, "operationType": "{op}"}}"#
+        )
+    };
+    for (instant, op) in [
+        ("20241201100000000", "INSERT"),
+        ("20241201110000000", "UPSERT"),
+    ] {
+        std::fs::write(h.join(format!("{instant}.commit.requested")), "").expect("w");
+        std::fs::write(h.join(format!("{instant}.inflight")), "").expect("w");
+        std::fs::write(h.join(format!("{instant}.commit")), meta(op)).expect("w");
+    }
+    std::fs::write(h.join("20241201120000000.commit.requested"), "").expect("w");
+    std::fs::write(h.join("20241201120000000.inflight"), "").expect("w");
+    vec![20241201100000000, 20241201110000000]
+}
+
+/// A Hudi 1.0.2 (timeline layout 2) table: `.hoodie/timeline/<requested>_<completed>.<action>`.
+fn hudi_1x(dir: &Path) -> Vec<i64> {
+    let t = dir.join(".hoodie/timeline");
+    std::fs::create_dir_all(&t).expect("dir");
+    std::fs::write(dir.join(".hoodie/hoodie.properties"), "hoodie.table.name=hudi_events\nhoodie.table.type=MERGE_ON_READ\nhoodie.timeline.layout.version=2\nhoodie.table.version=8\n").expect("w");
+    std::fs::write(t.join("20241201100000000.deltacommit.requested"), "").expect("w");
+    std::fs::write(t.join("20241201100000000.deltacommit.inflight"), "").expect("w");
+    std::fs::write(
+        t.join("20241201100000000_20241201100005123.deltacommit"),
+        [0x4f, 0x62, 0x6a, 0x01],
+    )
+    .expect("w");
+    vec![20241201100000000]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitting() {
+    let names = topics_for("ip").await;
+    let root = std::env::temp_dir().join(unique("lake"));
+    let (ice, ice_snaps) = commit("iceberg", &root.join("iceberg"), "orders", 2);
+    let (pai, pai_snaps) = commit("paimon", &root.join("paimon"), "payments", 2);
+    let (del, del_snaps) = commit("delta", &root.join("delta"), "refunds", 2);
+    let (h0, h1) = (root.join("hudi0"), root.join("hudi1"));
+    let (h0_seqs, h1_seqs) = (hudi_0x(&h0), hudi_1x(&h1));
+    let table = |asset: &str, format: &str, path: &Path| json!({"asset": asset, "format": format, "path": path, "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"});
+    let tables = json!([
+        table("lake.ods.orders", "iceberg", &ice),
+        table("lake.ods.payments", "paimon", &pai),
+        table("lake.ods.refunds", "delta", &del),
+        table("lake.ods.hudi_orders", "hudi", &h0),
+        table("lake.ods.hudi_events", "hudi", &h1),
+    ])
+    .to_string();
+    let mut expected: BTreeMap<String, usize> = BTreeMap::new();
+    for (asset, snaps) in [
+        ("lake.ods.orders", &ice_snaps),
+        ("lake.ods.payments", &pai_snaps),
+        ("lake.ods.refunds", &del_snaps),
+    ] {
+        for (snap, seq) in snaps.iter() {
+            expected.insert(id(asset, *seq, *snap), 1);
+        }
+    }
+    for (asset, seqs) in [
+        ("lake.ods.hudi_orders", &h0_seqs),
+        ("lake.ods.hudi_events", &h1_seqs),
+    ] {
+        for s in seqs.iter() {
+            expected.insert(id(asset, *s, *s), 1);
+        }
+    }
+    // The state-updater folds what the ingester emits (as in production).
+    let mut folder = Command::new(service_binary("sluice-state-updater"))
+        .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+        .env("SLUICE_TOPIC_PREFIX", &names.prefix)
+        .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+        .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn state-updater");
+    let env = [("SLUICE_POLL_TABLES", tables.as_str())];
+    let ing = start(&names, "a", &env).await;
+    // The newest Iceberg commit also arrives by push: one commit, two paths.
+    let (ice_snap, ice_seq) = ice_snaps[1];
+    let push = json!({"asset_key": "lake.ods.orders", "format": "iceberg", "snapshot_id": ice_snap, "sequence": ice_seq, "commit_time_ms": 1_700_000_000_000i64});
+    let (s, b, _) = post(
+        &format!("{}/v1/commits", ing.http),
+        Some(TOKEN),
+        push.to_string(),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+
+    let want_seq: BTreeMap<&str, i64> = [
+        ("lake.ods.orders", ice_snaps[1].1),
+        ("lake.ods.payments", pai_snaps[1].1),
+        ("lake.ods.refunds", del_snaps[1].1),
+        ("lake.ods.hudi_orders", h0_seqs[1]),
+        ("lake.ods.hudi_events", h1_seqs[0]),
+    ]
+    .into_iter()
+    .collect();
+    let folded = async |names: &TopicNames| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let st = states(names).await;
+            let done = want_seq.iter().all(|(a, seq)| {
+                st.get(*a)
+                    .and_then(|s| s.latest.as_ref())
+                    .is_some_and(|l| l.sequence == *seq)
+            });
+            if done || Instant::now() > deadline {
+                return st;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let st = folded(&names).await;
+    let evs = events(&names).await;
+    let by_id = count_by_id(&evs);
+    let commits: BTreeMap<&str, i64> = st
+        .iter()
+        .map(|(k, s)| (k.as_str(), s.commit_count))
+        .collect();
+    println!("events by id: {by_id:?}\nfolded commit counts: {commits:?}");
+    for (k, n) in &expected {
+        let got = by_id.get(k).copied().unwrap_or(0);
+        assert!(got >= *n, "event {k} was polled ({got})");
+    }
+    assert!(
+        evs.iter()
+            .all(|e| expected.contains_key(e.event_id.as_str())),
+        "no event the tables do not state"
+    );
+    // Push + poll of the newest Iceberg commit: the fold counted it once.
+    let want_counts: BTreeMap<&str, i64> = [
+        ("lake.ods.orders", 2),
+        ("lake.ods.payments", 2),
+        ("lake.ods.refunds", 2),
+        ("lake.ods.hudi_orders", 2),
+        ("lake.ods.hudi_events", 1),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(commits, want_counts);
+
+    // A restart resumes at the folded positions: no history emitted again.
+    drop(ing);
+    let before = evs.len();
+    let ing = start(&names, "a", &env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = events(&names).await.len();
+    println!("asset-events records before restart {before}, 3 s after {again}");
+    assert_eq!(again, before, "a restart re-emits nothing");
+
+    // A half-written Paimon snapshot is retried and reported, not turned into an event.
+    let next = pai_snaps[1].1 + 1;
+    let snapshot_dir = pai.join("snapshot");
+    let good = std::fs::read_to_string(snapshot_dir.join(format!("snapshot-{}", next - 1)))
+        .expect("read snapshot");
+    let mut complete: Value = serde_json::from_str(&good).expect("json");
+    complete["id"] = json!(next);
+    let complete = complete.to_string();
+    std::fs::write(
+        snapshot_dir.join(format!("snapshot-{next}")),
+        &complete[..complete.len() / 2],
+    )
+    .expect("half");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let metrics = reqwest::get(format!("{}/metrics", ing.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let errors = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_ingester_poll_errors_total{format=\"PAIMON\"}"))
+        .map(str::to_owned);
+    assert!(errors.is_some(), "poll errors counted: {metrics}");
+    assert!(
+        !events(&names)
+            .await
+            .iter()
+            .any(|e| e.asset_key.as_str() == "lake.ods.payments" && e.sequence == next),
+        "no event from a half-written snapshot"
+    );
+    std::fs::write(snapshot_dir.join(format!("snapshot-{next}")), &complete).expect("complete");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !events(&names)
+        .await
+        .iter()
+        .any(|e| e.asset_key.as_str() == "lake.ods.payments" && e.sequence == next)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the completed snapshot is polled"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("half-written snapshot-{next}: {errors:?}; polled once complete");
+    drop(ing);
+    let _ = folder.kill();
+    let _ = folder.wait();
+    let _ = std::fs::remove_dir_all(&root);
+}
