@@ -21,6 +21,12 @@ ensure_toolchain
 stack_up
 export SLUICE_TOPIC_PREFIX="${SLUICE_TOPIC_PREFIX:-sluice.}"
 export SLUICE_TOPIC_PARTITIONS="${SLUICE_TOPIC_PARTITIONS:-4}"
+# The ingester's push token for this machine, made once and kept in .stack/.
+TOKEN_FILE="$REPO/.stack/ingest-token"
+[[ -s $TOKEN_FILE ]] || od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$TOKEN_FILE"
+INGEST_TOKEN="$(cat "$TOKEN_FILE")"
+export SLUICE_INGEST_TOKENS="[{\"name\": \"local\", \"token\": \"$INGEST_TOKEN\", \"namespaces\": [\"*\"]}]"
+export SLUICE_INGEST_HTTP_ADDR="${SLUICE_INGEST_HTTP_ADDR:-127.0.0.1:8088}"
 
 say "building the services"
 cargo build --bins --locked -q
@@ -61,7 +67,10 @@ for s in "${ORDER[@]}"; do
 done
 printf '\ntopics: %s{asset-events,asset-state,dependencies,resolver-progress,triggers,runs,dead-letter} on %s\n' \
   "$SLUICE_TOPIC_PREFIX" "$SLUICE_KAFKA_BOOTSTRAP"
-printf 'metrics: curl http://127.0.0.1:9102/metrics\n\n'
+printf 'metrics: curl http://127.0.0.1:9102/metrics\n'
+printf 'push a commit: curl -H "Authorization: Bearer %s" -d %s http://%s/v1/commits\n\n' \
+  "$INGEST_TOKEN" "'{\"asset_key\": \"lake.ods.orders\", \"format\": \"iceberg\", \"snapshot_id\": 1, \"sequence\": 1, \"commit_time_ms\": 1764547200000}'" \
+  "$SLUICE_INGEST_HTTP_ADDR"
 
 if [[ $mode == --check ]]; then exit 0; fi
 say "running; Ctrl-C to stop"
