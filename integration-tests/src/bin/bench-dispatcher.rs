@@ -36,7 +36,7 @@ fn new_trigger(series: u64, n: usize) -> NewTrigger {
         target_name: "bench".into(),
         target_parameters: "{}".into(),
         inputs: format!(
-            r#"[{{"asset_key": "lake.ods.orders", "snapshot_id": {n}, "sequence": {n}, "watermark_ms": null}}]"#
+            r#"[{{"asset": "lake.ods.orders", "snapshot_id": {n}, "sequence": {n}, "watermark_ms": null}}]"#
         ),
         partition: None,
         window_end_ms: None,
