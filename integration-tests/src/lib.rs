@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod pipeline;
+
 /// The broker, from `SLUICE_KAFKA_BOOTSTRAP` (set by `compose/test.sh`).
 pub fn bootstrap() -> String {
     std::env::var("SLUICE_KAFKA_BOOTSTRAP")

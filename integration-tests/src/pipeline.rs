@@ -1,0 +1,167 @@
+//! The four services as separate processes (as in production) on one run's own
+//! topics and database, for the end-to-end tests: started, killed with SIGKILL,
+//! restarted with the same settings.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_kit::topics::TopicNames;
+
+use crate::{bootstrap, free_port, fresh_database, service_binary, unique};
+
+pub const SERVICES: [&str; 4] = ["ingester", "state-updater", "resolver", "dispatcher"];
+pub const TOKEN: &str = "pipeline-token-0123456789";
+
+pub struct Pipeline {
+    pub names: TopicNames,
+    pub database_url: String,
+    pub http_port: u16,
+    env: BTreeMap<&'static str, Vec<(String, String)>>,
+    running: BTreeMap<&'static str, (Child, u16)>,
+    pub restarts: BTreeMap<&'static str, u32>,
+}
+
+impl Pipeline {
+    /// A fresh prefix and database; `per_service` adds settings to one service.
+    pub async fn new(partitions: i32, per_service: &[(&'static str, &str, String)]) -> Pipeline {
+        let names = TopicNames::with_prefix(&format!("{}.", unique("e2e")), partitions);
+        let mut env: BTreeMap<&'static str, Vec<(String, String)>> = BTreeMap::new();
+        for (service, k, v) in per_service {
+            env.entry(service)
+                .or_default()
+                .push(((*k).to_owned(), v.clone()));
+        }
+        Pipeline {
+            names,
+            database_url: fresh_database().await,
+            http_port: free_port(),
+            env,
+            running: BTreeMap::new(),
+            restarts: BTreeMap::new(),
+        }
+    }
+
+    /// Adds a setting to one service (from its next start on).
+    pub fn set(&mut self, service: &'static str, key: &str, value: impl Into<String>) {
+        self.env
+            .entry(service)
+            .or_default()
+            .push((key.to_owned(), value.into()));
+    }
+
+    pub fn push_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1/commits", self.http_port)
+    }
+
+    /// The settings every service of this run gets (the `sluice` CLI too).
+    pub fn common_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("SLUICE_KAFKA_BOOTSTRAP".into(), bootstrap()),
+            ("SLUICE_TOPIC_PREFIX".into(), self.names.prefix.clone()),
+            (
+                "SLUICE_TOPIC_PARTITIONS".into(),
+                self.names.partitions.to_string(),
+            ),
+        ]
+    }
+
+    fn spawn(&self, service: &'static str) -> (Child, u16) {
+        let admin = free_port();
+        let mut cmd = Command::new(service_binary(&format!("sluice-{service}")));
+        cmd.envs(self.common_env())
+            .env("SLUICE_INSTANCE", "0")
+            .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{admin}"))
+            .env("SLUICE_DATABASE_URL", &self.database_url)
+            .env(
+                "SLUICE_INGEST_HTTP_ADDR",
+                format!("127.0.0.1:{}", self.http_port),
+            )
+            .env(
+                "SLUICE_INGEST_TOKENS",
+                format!(r#"[{{"name": "e2e", "token": "{TOKEN}", "namespaces": ["*"]}}]"#),
+            )
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in self.env.get(service).into_iter().flatten() {
+            cmd.env(k, v);
+        }
+        (cmd.spawn().expect("spawn service"), admin)
+    }
+
+    pub async fn start(&mut self, service: &'static str) {
+        let (child, admin) = self.spawn(service);
+        self.running.insert(service, (child, admin));
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let ok = client
+                .get(format!("http://127.0.0.1:{admin}/health/ready"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ok {
+                return;
+            }
+            let exited = self
+                .running
+                .get_mut(service)
+                .and_then(|(c, _)| c.try_wait().ok().flatten());
+            assert!(
+                exited.is_none(),
+                "sluice-{service} exited at start: {exited:?}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "sluice-{service} not ready in 90 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn start_all(&mut self) {
+        for s in SERVICES {
+            self.start(s).await;
+        }
+    }
+
+    /// SIGKILL: no shutdown, no flush, no commit.
+    pub fn kill(&mut self, service: &'static str) {
+        if let Some((mut c, _)) = self.running.remove(service) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub async fn kill_and_restart(&mut self, service: &'static str) {
+        self.kill(service);
+        *self.restarts.entry(service).or_insert(0) += 1;
+        self.start(service).await;
+    }
+
+    pub fn admin_port(&self, service: &str) -> Option<u16> {
+        self.running.get(service).map(|(_, p)| *p)
+    }
+
+    /// Runs the `sluice` CLI against this run's topics.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(service_binary("sluice"))
+            .args(args)
+            .envs(self.common_env())
+            .output()
+            .expect("run sluice")
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        for (_, (mut c, _)) in std::mem::take(&mut self.running) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
