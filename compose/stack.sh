@@ -7,6 +7,7 @@
 #   compose/stack.sh status  say what runs and where
 #   compose/stack.sh env     print the SLUICE_* variables that point services at the stack
 #   compose/stack.sh reset   stop both and delete their data
+#   compose/stack.sh restart-kafka | restart-pg   stop and start one (outage tests)
 #
 # Idempotent: `up` on a running stack only checks it. Settings (env):
 #   SLUICE_STACK_DIR   where Kafka's jars, data and logs live (default: <repo>/.stack)
@@ -225,6 +226,18 @@ case "${1:-}" in
     if pg_bin >/dev/null && pg_running; then echo "postgresql: running on 127.0.0.1:$PG_PORT"; else echo "postgresql: stopped"; fi
     ;;
   env) print_env ;;
+  restart-kafka)
+    # For the tests of a broker outage mid-run: the same broker, data kept.
+    stop_kafka
+    start_kafka
+    wait_kafka
+    say "kafka restarted"
+    ;;
+  restart-pg)
+    stop_pg
+    start_pg
+    say "postgresql restarted"
+    ;;
   *)
     sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2

@@ -143,6 +143,13 @@ impl Pipeline {
         self.start(service).await;
     }
 
+    /// Whether the service's process is still running (not exited on its own).
+    pub fn alive(&mut self, service: &str) -> bool {
+        self.running
+            .get_mut(service)
+            .is_some_and(|(c, _)| c.try_wait().ok().flatten().is_none())
+    }
+
     pub fn admin_port(&self, service: &str) -> Option<u16> {
         self.running.get(service).map(|(_, p)| *p)
     }

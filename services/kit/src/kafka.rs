@@ -101,7 +101,11 @@ impl KafkaOptions {
     /// A consumer that sees only committed data and never commits on its own.
     pub fn consumer_config(&self, client_id: &str, group_id: &str) -> ClientConfig {
         let mut c = self.base(client_id);
+        // Static membership (KIP-345): a restarted instance (same client id) takes its
+        // partitions back at once instead of after the dead member's session times
+        // out, which after a kill -9 stalled its partitions for the session timeout.
         c.set("group.id", group_id)
+            .set("group.instance.id", client_id)
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
