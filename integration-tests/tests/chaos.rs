@@ -370,7 +370,7 @@ async fn every_expected_trigger_dispatched_exactly_once_while_services_are_kille
     let chaos = tokio::spawn({
         let (stop, mut p) = (stop.clone(), p);
         async move {
-            let mut seed: u64 = 0x5eed_c4a0_5u64;
+            let mut seed: u64 = 0x0005_eedc_4a05_u64;
             let mut next = || {
                 seed = seed
                     .wrapping_mul(6_364_136_223_846_793_005)
