@@ -293,14 +293,14 @@ async fn drive(
     let secs = started.elapsed().as_secs_f64();
     // Late duplicates would show up now: give redelivery a moment.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let got = received.lock().expect("lock");
-    let delivered: BTreeSet<&String> = got.sends.keys().collect();
-    let want: BTreeSet<&String> = expected.keys().collect();
     let pool = PgPool::connect(database_url).await.expect("pool");
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM trigger_history")
         .fetch_one(&pool)
         .await
         .expect("count");
+    let got = received.lock().expect("lock");
+    let delivered: BTreeSet<&String> = got.sends.keys().collect();
+    let want: BTreeSet<&String> = expected.keys().collect();
     // A resend reaches the receiver only under the same Idempotency-Key with a new
     // invocation (reconcile after a kill between markRunning and the result), which
     // the receiver's dedup by key makes one effect; the same invocation twice would
