@@ -746,3 +746,154 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
     let _ = folder.wait();
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// An S3-compatible store for the poller: moto's server (`moto_server`, from the
+/// lake venv), which implements the S3 REST API — a stand-in for S3 / MinIO, which
+/// cannot run here. The tables in it were written by the real writers (pypaimon,
+/// deltalake) on local disk and uploaded file by file, as a sync would.
+struct S3 {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl S3 {
+    async fn start() -> S3 {
+        let port = free_port();
+        let bin = lake_python().with_file_name("moto_server");
+        assert!(
+            bin.exists(),
+            "no moto_server in the lake venv — compose/test.sh installs it"
+        );
+        let child = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while reqwest::get(&endpoint).await.is_err() {
+            assert!(Instant::now() < deadline, "moto_server not up in 60 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        S3 { child, endpoint }
+    }
+
+    /// Uploads every file under `dir` to `s3://bucket/prefix/…` (the bucket is made if needed).
+    fn upload(&self, dir: &Path, bucket: &str, prefix: &str) {
+        let script = r#"
+import os, sys, boto3
+endpoint, bucket, prefix, root = sys.argv[1:5]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  aws_access_key_id="test", aws_secret_access_key="test")
+try:
+    s3.create_bucket(Bucket=bucket)
+except s3.exceptions.BucketAlreadyOwnedByYou:
+    pass
+for d, _, files in os.walk(root):
+    for f in files:
+        full = os.path.join(d, f)
+        s3.upload_file(full, bucket, prefix + "/" + os.path.relpath(full, root))
+"#;
+        let out = Command::new(lake_python())
+            .args([
+                "-c",
+                script,
+                &self.endpoint,
+                bucket,
+                prefix,
+                &dir.display().to_string(),
+            ])
+            .output()
+            .expect("upload");
+        assert!(
+            out.status.success(),
+            "upload: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_read_tables_on_an_s3_compatible_store() {
+    let s3 = S3::start().await;
+    let names = topics_for("is3").await;
+    let root = std::env::temp_dir().join(unique("lake-s3"));
+    let (pai, pai_snaps) = commit("paimon", &root.join("paimon"), "payments", 2);
+    let (del, del_snaps) = commit("delta", &root.join("delta"), "refunds", 2);
+    s3.upload(&pai, "lake", "warehouse/ods.db/payments");
+    s3.upload(&del, "lake", "warehouse/ods/refunds");
+    let table = |asset: &str, format: &str, url: &str| json!({"asset": asset, "format": format, "path": url, "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"});
+    let tables = json!([
+        table(
+            "lake.ods.payments",
+            "paimon",
+            "s3://lake/warehouse/ods.db/payments"
+        ),
+        table(
+            "lake.ods.refunds",
+            "delta",
+            "s3://lake/warehouse/ods/refunds"
+        ),
+        table(
+            "lake.ods.missing",
+            "iceberg",
+            "s3://lake/warehouse/ods/missing"
+        ),
+    ])
+    .to_string();
+    let env = [
+        ("SLUICE_POLL_TABLES", tables.as_str()),
+        ("AWS_ENDPOINT", s3.endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let ing = start(&names, "a", &env).await;
+    let mut want: BTreeMap<String, usize> = BTreeMap::new();
+    for (snap, seq) in &pai_snaps {
+        want.insert(id("lake.ods.payments", *seq, *snap), 1);
+    }
+    for (snap, seq) in &del_snaps {
+        want.insert(id("lake.ods.refunds", *seq, *snap), 1);
+    }
+    let wait_for = async |want: &BTreeMap<String, usize>| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = count_by_id(&events(&names).await);
+            if want.keys().all(|k| got.contains_key(k)) || Instant::now() > deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let got = wait_for(&want).await;
+    println!("events from the S3 tables: {got:?}");
+    assert_eq!(got, want, "each snapshot on the store once, nothing else");
+    // A new commit, synced to the store, is found by the next poll.
+    let (_, more) = commit("paimon", &root.join("paimon"), "payments", 1);
+    s3.upload(&pai, "lake", "warehouse/ods.db/payments");
+    want.insert(id("lake.ods.payments", more[0].1, more[0].0), 1);
+    let got = wait_for(&want).await;
+    assert_eq!(got, want);
+    // The table that is not on the store is reported, not invented.
+    let metrics = reqwest::get(format!("{}/metrics", ing.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("sluice_ingester_poll_errors_total{format=\"ICEBERG\"}"),
+        "{metrics}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

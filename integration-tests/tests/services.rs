@@ -24,6 +24,15 @@ fn spawn(name: &str, port: u16, prefix: &str) -> Child {
         .env("SLUICE_TOPIC_PARTITIONS", "2")
         .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{port}"))
         .env("SLUICE_LOG", "warn")
+        // The ingester's HTTP push on a free port, with a token (required while on).
+        .env(
+            "SLUICE_INGEST_HTTP_ADDR",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .env(
+            "SLUICE_INGEST_TOKENS",
+            r#"[{"name": "t", "token": "services-test-0123456789", "namespaces": ["*"]}]"#,
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

@@ -11,6 +11,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use sluice_core::{AssetEvent, AssetKey, EventSource};
@@ -75,13 +76,31 @@ async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(limit));
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Err(error(StatusCode::BAD_REQUEST, "the body was cut off"));
+        };
+        seen += chunk.len();
+        if seen <= limit {
+            buf.extend_from_slice(&chunk);
+        } else if seen > DRAIN_LIMIT {
+            // Too big even to drain: answer now, the client sees the connection close.
+            break;
+        }
+        // Between the limit and DRAIN_LIMIT the rest is read and dropped, so the
+        // client gets its 413 instead of a broken pipe mid-upload.
+    }
+    if seen > limit {
         return Err(too_big());
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_big())
+    Ok(buf.into())
 }
+
+/// How much of an oversized body is read and discarded before the 413.
+const DRAIN_LIMIT: usize = 64 << 20;
 
 /// Authorises every event of a request, then publishes them all or none.
 async fn accept(

@@ -215,12 +215,48 @@ fn send_offsets(
 /// reports, so that poll sat out its full slice on almost every commit (100 ms per
 /// transaction, measured with bench-state-updater). Waiting here for the queue to
 /// drain, in 1 ms steps, makes that flush return at once.
+///
+/// A retriable failure (a timeout while the broker is away) is retried: the commit
+/// may already be under way, and librdkafka allows only another commit then, not an
+/// abort. Only an error that requires an abort, or a fatal one, is returned.
 fn commit(producer: &TxnProducer, timeout: Duration) -> Result<(), KafkaError> {
     let deadline = Instant::now() + timeout;
     while producer.in_flight_count() > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
-    producer.commit_transaction(deadline.saturating_duration_since(Instant::now()))
+    let give_up = Instant::now() + OUTAGE_PATIENCE;
+    loop {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(timeout / 4);
+        match producer.commit_transaction(left) {
+            Err(KafkaError::Transaction(e))
+                if e.is_retriable() && !e.txn_requires_abort() && Instant::now() < give_up =>
+            {
+                tracing::warn!(error = %e, "transaction commit not confirmed yet; retrying the commit");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long a commit or an abort keeps retrying through a broker outage before
+/// the loop gives up (and the service exits to be restarted).
+const OUTAGE_PATIENCE: Duration = Duration::from_secs(300);
+
+/// Aborts the open transaction, retrying a retriable failure (the broker away).
+fn abort_retrying(producer: &TxnProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let give_up = Instant::now() + OUTAGE_PATIENCE;
+    loop {
+        match producer.abort_transaction(timeout) {
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && Instant::now() < give_up => {
+                tracing::warn!(error = %e, "transaction abort not confirmed yet; retrying the abort");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Aborts after `cause`; a fatal cause or a failed abort is returned as fatal.
@@ -230,9 +266,7 @@ fn abort(producer: &TxnProducer, timeout: Duration, cause: &KafkaError) -> Resul
     {
         return Err(format!("fatal transaction error: {cause}"));
     }
-    producer
-        .abort_transaction(timeout)
-        .map_err(|e| format!("abort after {cause} failed: {e}"))
+    abort_retrying(producer, timeout).map_err(|e| format!("abort after {cause} failed: {e}"))
 }
 
 /// A consumer and a transactional producer wired together.
@@ -615,9 +649,7 @@ fn abort_open<P: Processor>(
     timeout: Duration,
 ) -> Result<(), BatchError> {
     ctx.with_open(|o| o.offsets = None);
-    producer
-        .abort_transaction(timeout)
-        .map_err(|e| BatchError::Fatal(e.into()))?;
+    abort_retrying(producer, timeout).map_err(|e| BatchError::Fatal(e.into()))?;
     processor.aborted();
     Ok(())
 }

@@ -34,61 +34,86 @@ pub enum ScanError {
     NoTable(PathBuf),
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScanError + '_ {
-    move |error| ScanError::Io {
-        path: path.to_owned(),
-        error,
-    }
-}
-
-fn corrupt(path: &Path, reason: impl Into<String>) -> ScanError {
+fn corrupt(t: &dyn Tree, path: &Path, reason: impl Into<String>) -> ScanError {
     ScanError::Corrupt {
-        path: path.to_owned(),
+        path: t.full(path),
         reason: reason.into(),
     }
 }
 
-fn read_json(path: &Path) -> Result<Value, ScanError> {
-    let bytes = std::fs::read(path).map_err(io(path))?;
-    serde_json::from_slice(&bytes).map_err(|e| corrupt(path, format!("not complete JSON: {e}")))
+fn read_json(t: &dyn Tree, path: &Path) -> Result<Value, ScanError> {
+    let bytes = t.read(path)?;
+    serde_json::from_slice(&bytes).map_err(|e| corrupt(t, path, format!("not complete JSON: {e}")))
 }
 
-fn list(dir: &Path) -> Result<Vec<String>, ScanError> {
-    match std::fs::read_dir(dir) {
-        Ok(rd) => Ok(rd
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(ScanError::NoTable(dir.to_owned()))
+/// Where a table's files are read from: a local directory or an object store
+/// prefix. Paths are relative to the table's base; a directory that does not
+/// exist lists as [`ScanError::NoTable`], a file that does not exist reads as an
+/// `Io` error of kind `NotFound`.
+pub trait Tree: Send + Sync {
+    fn list(&self, dir: &Path) -> Result<Vec<String>, ScanError>;
+    fn read(&self, path: &Path) -> Result<Vec<u8>, ScanError>;
+    fn mtime_ms(&self, path: &Path) -> i64;
+    fn exists(&self, path: &Path) -> bool;
+    fn is_dir(&self, path: &Path) -> bool;
+    /// The path as a user would name it (for errors).
+    fn full(&self, path: &Path) -> PathBuf;
+}
+
+/// A table on the local filesystem.
+pub struct LocalTree(pub PathBuf);
+
+impl Tree for LocalTree {
+    fn list(&self, dir: &Path) -> Result<Vec<String>, ScanError> {
+        let full = self.0.join(dir);
+        match std::fs::read_dir(&full) {
+            Ok(rd) => Ok(rd
+                .filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ScanError::NoTable(full)),
+            Err(error) => Err(ScanError::Io { path: full, error }),
         }
-        Err(e) => Err(ScanError::Io {
-            path: dir.to_owned(),
-            error: e,
-        }),
     }
-}
 
-fn mtime_ms(path: &Path) -> i64 {
-    std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as i64)
+    fn read(&self, path: &Path) -> Result<Vec<u8>, ScanError> {
+        let full = self.0.join(path);
+        std::fs::read(&full).map_err(|error| ScanError::Io { path: full, error })
+    }
+
+    fn mtime_ms(&self, path: &Path) -> i64 {
+        std::fs::metadata(self.0.join(path))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as i64)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        self.0.join(path).exists()
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        self.0.join(path).is_dir()
+    }
+
+    fn full(&self, path: &Path) -> PathBuf {
+        self.0.join(path)
+    }
 }
 
 /// Snapshots with `sequence > after` (all when `after` is None), oldest first.
 pub fn scan(
     format: TableFormat,
-    table: &Path,
+    t: &dyn Tree,
     after: Option<i64>,
 ) -> Result<Vec<Snapshot>, ScanError> {
     let mut all = match format {
-        TableFormat::Iceberg => iceberg(table)?,
-        TableFormat::Paimon => paimon(table, after)?,
-        TableFormat::Delta => delta(table, after)?,
-        TableFormat::Hudi => hudi(table)?,
-        TableFormat::Other => return Err(ScanError::NoTable(table.to_owned())),
+        TableFormat::Iceberg => iceberg(t)?,
+        TableFormat::Paimon => paimon(t, after)?,
+        TableFormat::Delta => delta(t, after)?,
+        TableFormat::Hudi => hudi(t)?,
+        TableFormat::Other => return Err(ScanError::NoTable(t.full(Path::new("")))),
     };
     all.retain(|s| after.is_none_or(|a| s.sequence > a));
     all.sort_by_key(|s| s.sequence);
@@ -106,30 +131,31 @@ fn iceberg_version(name: &str) -> Option<i64> {
     n.split('-').next()?.parse().ok()
 }
 
-fn iceberg(table: &Path) -> Result<Vec<Snapshot>, ScanError> {
-    let dir = table.join("metadata");
-    let newest = list(&dir)?
+fn iceberg(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
+    let dir = PathBuf::from("metadata");
+    let newest = t
+        .list(&dir)?
         .into_iter()
         .filter_map(|n| iceberg_version(&n).map(|v| (v, n)))
         .max()
-        .ok_or_else(|| ScanError::NoTable(dir.clone()))?;
+        .ok_or_else(|| ScanError::NoTable(t.full(&dir)))?;
     let path = dir.join(&newest.1);
-    let meta = read_json(&path)?;
+    let meta = read_json(t, &path)?;
     let snapshots = match meta.get("snapshots") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(a)) => a,
-        Some(_) => return Err(corrupt(&path, "`snapshots` is not an array")),
+        Some(_) => return Err(corrupt(t, &path, "`snapshots` is not an array")),
     };
     let mut out = Vec::new();
     for (i, s) in snapshots.iter().enumerate() {
         let id = s
             .get("snapshot-id")
             .and_then(Value::as_i64)
-            .ok_or_else(|| corrupt(&path, format!("snapshots[{i}] has no snapshot-id")))?;
+            .ok_or_else(|| corrupt(t, &path, format!("snapshots[{i}] has no snapshot-id")))?;
         let ts = s
             .get("timestamp-ms")
             .and_then(Value::as_i64)
-            .ok_or_else(|| corrupt(&path, format!("snapshot {id} has no timestamp-ms")))?;
+            .ok_or_else(|| corrupt(t, &path, format!("snapshot {id} has no timestamp-ms")))?;
         // Format v1 has no sequence numbers: the order of the snapshot log stands in.
         let seq = s
             .get("sequence-number")
@@ -161,9 +187,10 @@ fn iceberg(table: &Path) -> Result<Vec<Snapshot>, ScanError> {
 // ---- Paimon: `snapshot/snapshot-N`, scanned forward (LATEST / EARLIEST are hints
 // that can be wrong, so the directory is listed instead of trusting them).
 
-fn paimon(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
-    let dir = table.join("snapshot");
-    let mut ids: Vec<i64> = list(&dir)?
+fn paimon(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
+    let dir = PathBuf::from("snapshot");
+    let mut ids: Vec<i64> = t
+        .list(&dir)?
         .iter()
         .filter_map(|n| n.strip_prefix("snapshot-")?.parse().ok())
         .filter(|id| after.is_none_or(|a| *id > a))
@@ -172,7 +199,7 @@ fn paimon(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> 
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         let path = dir.join(format!("snapshot-{id}"));
-        let s = match read_json(&path) {
+        let s = match read_json(t, &path) {
             Ok(s) => s,
             // Expired between the listing and the read: it is gone, not corrupt.
             Err(ScanError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
@@ -181,7 +208,7 @@ fn paimon(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> 
             Err(e) => return Err(e),
         };
         if s.get("id").and_then(Value::as_i64) != Some(id) {
-            return Err(corrupt(&path, "its `id` is not the number in its name"));
+            return Err(corrupt(t, &path, "its `id` is not the number in its name"));
         }
         let kind = s
             .get("commitKind")
@@ -194,7 +221,7 @@ fn paimon(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> 
             commit_time_ms: s
                 .get("timeMillis")
                 .and_then(Value::as_i64)
-                .ok_or_else(|| corrupt(&path, "no timeMillis"))?,
+                .ok_or_else(|| corrupt(t, &path, "no timeMillis"))?,
             operation: match kind.as_str() {
                 "APPEND" => Operation::Append,
                 "OVERWRITE" => Operation::Overwrite,
@@ -216,9 +243,9 @@ fn paimon(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> 
 // ---- Delta: `_delta_log/<20-digit version>.json` with its commitInfo; a version
 // only in a checkpoint (older JSON cleaned up) is taken from `_last_checkpoint`.
 
-fn delta(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
-    let dir = table.join("_delta_log");
-    let names = list(&dir)?;
+fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
+    let dir = PathBuf::from("_delta_log");
+    let names = t.list(&dir)?;
     let mut versions: Vec<i64> = names
         .iter()
         .filter_map(|n| {
@@ -232,12 +259,12 @@ fn delta(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
     versions.sort_unstable();
     let mut out = Vec::new();
     let checkpoint = dir.join("_last_checkpoint");
-    if checkpoint.exists() {
-        let cp = read_json(&checkpoint)?;
+    if t.exists(&checkpoint) {
+        let cp = read_json(t, &checkpoint)?;
         let v = cp
             .get("version")
             .and_then(Value::as_i64)
-            .ok_or_else(|| corrupt(&checkpoint, "no version"))?;
+            .ok_or_else(|| corrupt(t, &checkpoint, "no version"))?;
         if !versions.contains(&v)
             && after.is_none_or(|a| v > a)
             && versions.first().is_none_or(|f| *f > v)
@@ -245,7 +272,7 @@ fn delta(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
             out.push(Snapshot {
                 snapshot_id: v,
                 sequence: v,
-                commit_time_ms: mtime_ms(&checkpoint),
+                commit_time_ms: t.mtime_ms(&checkpoint),
                 operation: Operation::Other,
                 watermark_ms: None,
                 schema_id: None,
@@ -255,7 +282,8 @@ fn delta(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
     }
     for v in versions {
         let path = dir.join(format!("{v:020}.json"));
-        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+        let bytes = t.read(&path)?;
+        let text = String::from_utf8_lossy(&bytes);
         let mut info = None;
         let mut schema_changed = false;
         for (n, line) in text
@@ -263,8 +291,9 @@ fn delta(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
         {
-            let action: Value = serde_json::from_str(line)
-                .map_err(|e| corrupt(&path, format!("line {}: not complete JSON: {e}", n + 1)))?;
+            let action: Value = serde_json::from_str(line).map_err(|e| {
+                corrupt(t, &path, format!("line {}: not complete JSON: {e}", n + 1))
+            })?;
             if let Some(ci) = action.get("commitInfo") {
                 info = Some(ci.clone());
             }
@@ -290,7 +319,7 @@ fn delta(table: &Path, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
             commit_time_ms: info
                 .get("timestamp")
                 .and_then(Value::as_i64)
-                .unwrap_or_else(|| mtime_ms(&path)),
+                .unwrap_or_else(|| t.mtime_ms(&path)),
             operation: match (op.as_str(), mode) {
                 (
                     "WRITE" | "CREATE TABLE" | "CREATE OR REPLACE TABLE" | "STREAMING UPDATE",
@@ -327,16 +356,16 @@ const HUDI_ACTIONS: [&str; 5] = [
     "rollback",
 ];
 
-fn hudi(table: &Path) -> Result<Vec<Snapshot>, ScanError> {
-    let hoodie = table.join(".hoodie");
+fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
+    let hoodie = PathBuf::from(".hoodie");
     let v2 = hoodie.join("timeline");
-    let (dir, layout2) = if v2.is_dir() {
+    let (dir, layout2) = if t.is_dir(&v2) {
         (v2, true)
     } else {
         (hoodie.clone(), false)
     };
     let mut out = Vec::new();
-    for name in list(&dir)? {
+    for name in t.list(&dir)? {
         let Some((stem, action)) = name.split_once('.') else {
             continue;
         };
@@ -358,7 +387,7 @@ fn hudi(table: &Path) -> Result<Vec<Snapshot>, ScanError> {
         let operation_type = if layout2 || action == "clean" || action == "rollback" {
             None
         } else {
-            let meta = read_json(&path)?;
+            let meta = read_json(t, &path)?;
             meta.get("operationType")
                 .and_then(Value::as_str)
                 .map(str::to_owned)
@@ -377,7 +406,7 @@ fn hudi(table: &Path) -> Result<Vec<Snapshot>, ScanError> {
             attributes,
         });
     }
-    if out.is_empty() && !hoodie.join("hoodie.properties").exists() {
+    if out.is_empty() && !t.exists(&hoodie.join("hoodie.properties")) {
         return Err(ScanError::NoTable(hoodie));
     }
     Ok(out)
@@ -407,7 +436,7 @@ mod tests {
             r#"{"operationType": "CLUSTER"}"#,
         )
         .expect("w");
-        let s = scan(TableFormat::Hudi, &t, None).expect("scan");
+        let s = scan(TableFormat::Hudi, &LocalTree(t.clone()), None).expect("scan");
         assert_eq!(
             s.iter()
                 .map(|s| (s.sequence, s.operation))
@@ -420,7 +449,7 @@ mod tests {
         // A completed file still being written is not turned into an event.
         std::fs::write(h.join("20241201150000000.commit"), r#"{"partitionToWr"#).expect("w");
         assert!(matches!(
-            scan(TableFormat::Hudi, &t, None),
+            scan(TableFormat::Hudi, &LocalTree(t.clone()), None),
             Err(ScanError::Corrupt { .. })
         ));
 
@@ -433,7 +462,7 @@ mod tests {
         )
         .expect("w");
         std::fs::write(tl.join("20241201130000000.deltacommit.inflight"), "").expect("w");
-        let s = scan(TableFormat::Hudi, &t, Some(0)).expect("scan");
+        let s = scan(TableFormat::Hudi, &LocalTree(t.clone()), Some(0)).expect("scan");
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].sequence, 20241201120000000);
     }
@@ -449,7 +478,7 @@ mod tests {
                 r#"{{"version": 3, "id": {id}, "schemaId": 0, "commitKind": "{kind}", "timeMillis": {}, "watermark": -9223372036854775808}}"#, 1000 + id)).expect("w");
         }
         std::fs::write(d.join("LATEST"), "9").expect("w"); // a wrong hint
-        let s = scan(TableFormat::Paimon, &t, Some(3)).expect("scan");
+        let s = scan(TableFormat::Paimon, &LocalTree(t.clone()), Some(3)).expect("scan");
         assert_eq!(
             s.iter()
                 .map(|s| (s.sequence, s.operation, s.watermark_ms))

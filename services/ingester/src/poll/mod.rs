@@ -11,6 +11,7 @@
 //! yet hold counts in `sluice_ingester_poll_found_first_total`.
 
 pub mod formats;
+pub mod object;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -46,7 +47,8 @@ pub enum Start {
 pub struct TableSpec {
     pub asset: String,
     pub format: String,
-    /// The table's base directory on the local filesystem.
+    /// The table's base: a local directory, or `s3://bucket/prefix` on an
+    /// S3-compatible store (endpoint and credentials from the AWS_* variables).
     pub path: PathBuf,
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
@@ -87,6 +89,16 @@ pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
             .map_err(|e| problems.push(format!("{at}: {e}")));
         if matches!(format, Ok(TableFormat::Other)) {
             problems.push(format!("{at}: format other has no metadata to poll"));
+        }
+        let path = s.path.to_string_lossy();
+        if (path.starts_with("s3://") || path.starts_with("s3a://"))
+            && let Err(e) = object::split_url(&path)
+        {
+            problems.push(format!("{at}: path: {e}"));
+        } else if path.contains("://") && !path.starts_with("s3") {
+            problems.push(format!(
+                "{at}: path {path:?}: a local directory or s3://bucket/prefix"
+            ));
         }
         if s.interval_ms < 100 || s.push_timeout_ms < 100 {
             problems.push(format!(
@@ -221,6 +233,17 @@ fn event(t: &Table, s: &Snapshot) -> AssetEvent {
     e
 }
 
+/// Where a table's files are read from: `s3://…` on the object store, else local.
+fn open_tree(path: &std::path::Path) -> Result<Arc<dyn formats::Tree>, String> {
+    let url = path.to_string_lossy();
+    if url.starts_with("s3://") || url.starts_with("s3a://") {
+        let tree = object::ObjectTree::open(&url, tokio::runtime::Handle::current())?;
+        Ok(Arc::new(tree))
+    } else {
+        Ok(Arc::new(formats::LocalTree(path.to_owned())))
+    }
+}
+
 /// Pure: what to emit of a scan, given the known position and the start policy.
 pub fn to_emit(found: Vec<Snapshot>, position: Option<i64>, start: Start) -> Vec<Snapshot> {
     match (position, start) {
@@ -232,6 +255,7 @@ pub fn to_emit(found: Vec<Snapshot>, position: Option<i64>, start: Start) -> Vec
 
 struct Polled {
     table: Table,
+    tree: Result<Arc<dyn formats::Tree>, String>,
     emitted_through: Option<i64>,
     last_poll: Option<Instant>,
 }
@@ -255,6 +279,7 @@ impl Poller {
             .iter()
             .map(|t| Polled {
                 table: t.clone(),
+                tree: open_tree(&t.path),
                 emitted_through: None,
                 last_poll: None,
             })
@@ -295,9 +320,17 @@ impl Poller {
             (a, b) => a.or(b),
         };
         let format = t.format.as_str();
+        let tree = match &p.tree {
+            Ok(tree) => tree.clone(),
+            Err(e) => {
+                metrics::counter!(m::POLL_ERRORS_TOTAL, "format" => format).increment(1);
+                tracing::warn!(asset = %t.asset, error = %e, "table store not usable; retried at the next poll");
+                return;
+            }
+        };
         let scanned = tokio::task::spawn_blocking({
-            let (path, fmt) = (t.path.clone(), t.format);
-            move || formats::scan(fmt, &path, position)
+            let fmt = t.format;
+            move || formats::scan(fmt, tree.as_ref(), position)
         })
         .await
         .map_err(|e| ScanError::Corrupt {
