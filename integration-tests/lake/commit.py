@@ -5,8 +5,9 @@ metadata now says, so a test can compare it with the events Sluice emits.
 
     python commit.py iceberg|paimon|delta <warehouse> <db> <table> <commits> [rows]
 
-The table directory is <warehouse>/<db>.db/<table> for Iceberg and Paimon, and
-<warehouse>/<db>/<table> for Delta.
+The table directory is <warehouse>/<db>.db/<table> for Paimon and
+<warehouse>/<db>/<table> for Iceberg (pyiceberg's SQL catalog) and Delta; each
+output line carries it as "path".
 """
 import json
 import os
