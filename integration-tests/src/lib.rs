@@ -48,6 +48,51 @@ pub async fn fresh_database() -> String {
     format!("{root}/{name}")
 }
 
+/// An executable of the test venv `.stack/<name>-venv` (made by
+/// `compose/ensure-venv.sh`, which `compose/test.sh` runs); `SLUICE_TEST_<NAME>_VENV`
+/// points elsewhere.
+pub fn venv_bin(name: &str, program: &str) -> PathBuf {
+    let var = format!("SLUICE_TEST_{}_VENV", name.to_ascii_uppercase());
+    let venv = std::env::var_os(&var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../.stack/{name}-venv"))
+        });
+    let bin = venv.join("bin").join(program);
+    assert!(
+        bin.exists(),
+        "no {program} at {} — `bash compose/test.sh` installs the {name} venv (compose/ensure-venv.sh)",
+        bin.display()
+    );
+    bin
+}
+
+/// A fresh database with the dispatcher's migrations applied: (URL, pool).
+pub async fn dispatcher_database() -> (String, sqlx::PgPool) {
+    let url = fresh_database().await;
+    let pool = sqlx::PgPool::connect(&url).await.expect("pool");
+    sluice_dispatcher::MIGRATOR
+        .run(&pool)
+        .await
+        .expect("migrate");
+    (url, pool)
+}
+
+/// Fresh topics of `topics` under a new prefix `<tag>-…`.
+pub async fn fresh_topics(
+    tag: &str,
+    partitions: i32,
+    topics: &[sluice_kit::Topic],
+) -> sluice_kit::topics::TopicNames {
+    let names =
+        sluice_kit::topics::TopicNames::with_prefix(&format!("{}.", unique(tag)), partitions);
+    let admin = kafka().admin("sluice-tests").expect("admin");
+    sluice_kit::topics::bootstrap(&admin, &names, topics, Duration::from_secs(30))
+        .await
+        .expect("topics");
+    names
+}
+
 /// A built service binary (`compose/test.sh` builds them before the tests).
 pub fn service_binary(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")

@@ -3,7 +3,7 @@
 //! every send, answers as told) and a DolphinScheduler stand-in (its documented
 //! start-process-instance and process-instance paths; DolphinScheduler is a Java
 //! service that cannot run here) — and a real Airflow 3 (`airflow standalone`
-//! from the venv `compose/ensure-airflow.sh` installs), in this file so that its
+//! from the venv `compose/ensure-venv.sh` installs), in this file so that its
 //! slow start overlaps the other tests.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,9 +21,10 @@ use sluice_dispatcher::adapters::{
 };
 use sluice_dispatcher::publish::{JobStatus, RunRecord};
 use sluice_integration_tests::{
-    bootstrap, free_port, fresh_database, kafka, read_topic, service_binary, unique,
+    bootstrap, dispatcher_database, free_port, fresh_topics, kafka, read_topic, service_binary,
+    unique, venv_bin,
 };
-use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::topics::{Topic, TopicNames};
 use sluice_kit::wire::{TriggerInput, TriggerRecord, TriggerTarget, WireTargetKind};
 use sluice_kit::{Codec, SchemaName};
 use sqlx::PgPool;
@@ -194,22 +195,8 @@ struct Run {
 
 impl Run {
     async fn new() -> Self {
-        let names = TopicNames::with_prefix(&format!("{}.", unique("ds")), PARTITIONS);
-        let admin = kafka().admin("ds-test").expect("admin");
-        topics::bootstrap(
-            &admin,
-            &names,
-            sluice_dispatcher::TOPICS,
-            Duration::from_secs(30),
-        )
-        .await
-        .expect("topics");
-        let db = fresh_database().await;
-        let pool = PgPool::connect(&db).await.expect("pool");
-        sluice_dispatcher::MIGRATOR
-            .run(&pool)
-            .await
-            .expect("migrate");
+        let names = fresh_topics("ds", PARTITIONS, sluice_dispatcher::TOPICS).await;
+        let (db, pool) = dispatcher_database().await;
         let receiver = Shared::default();
         let port = serve(receiver.clone()).await;
         Run {
@@ -841,17 +828,8 @@ with DAG(dag_id="sluice_fails", schedule=None, start_date=datetime(2024, 1, 1), 
 impl Airflow {
     async fn start() -> Airflow {
         use std::os::unix::process::CommandExt;
-        let venv = std::env::var_os("SLUICE_TEST_AIRFLOW_VENV")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.stack/airflow-venv")
-            });
-        let airflow = venv.join("bin/airflow");
-        assert!(
-            airflow.exists(),
-            "no Airflow at {} — `bash compose/ensure-airflow.sh` installs it (compose/test.sh does)",
-            airflow.display()
-        );
+        let airflow = venv_bin("airflow", "airflow");
+        let venv_bin_dir = airflow.parent().expect("venv bin").to_owned();
         let home = std::env::temp_dir().join(unique("airflow"));
         let (dags, out) = (home.join("dags"), home.join("out"));
         std::fs::create_dir_all(&dags).expect("dags dir");
@@ -864,7 +842,7 @@ impl Airflow {
         // the venv's own executables first.
         let path = format!(
             "{}:{}",
-            venv.join("bin").display(),
+            venv_bin_dir.display(),
             std::env::var("PATH").unwrap_or_default()
         );
         let child = Command::new(&airflow)

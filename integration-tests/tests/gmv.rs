@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
-use sluice_integration_tests::unique;
+use sluice_integration_tests::{unique, venv_bin};
 use sqlx::PgPool;
 
 fn gmv_dir() -> PathBuf {
@@ -16,16 +16,7 @@ fn gmv_dir() -> PathBuf {
 }
 
 fn python() -> PathBuf {
-    let venv = std::env::var_os("SLUICE_TEST_LAKE_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.stack/lake-venv"));
-    let py = venv.join("bin/python");
-    assert!(
-        py.exists(),
-        "no lake writers at {} — compose/test.sh installs them",
-        py.display()
-    );
-    py
+    venv_bin("lake", "python")
 }
 
 /// Runs `setup.py` and returns (SLUICE_POLL_TABLES, SLUICE_TARGETS).

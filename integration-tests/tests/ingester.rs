@@ -14,9 +14,10 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{Value, json};
 use sluice_core::{AssetEvent, AssetKey, EventId, EventKind, EventSource, TableFormat};
 use sluice_integration_tests::{
-    ReadRecord, bootstrap, create_topic, free_port, kafka, read_records, service_binary, unique,
+    ReadRecord, bootstrap, create_topic, free_port, fresh_topics, kafka, read_records,
+    service_binary, unique, venv_bin,
 };
-use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::topics::{Topic, TopicNames};
 use sluice_kit::wire::StateRecord;
 use sluice_kit::{Codec, SchemaName};
 
@@ -39,17 +40,12 @@ impl Drop for Ingester {
 }
 
 async fn topics_for(tag: &str) -> TopicNames {
-    let names = TopicNames::with_prefix(&format!("{}.", unique(tag)), PARTITIONS);
-    let admin = kafka().admin("ingester-test").expect("admin");
-    topics::bootstrap(
-        &admin,
-        &names,
+    fresh_topics(
+        tag,
+        PARTITIONS,
         &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter],
-        Duration::from_secs(30),
     )
     .await
-    .expect("topics");
-    names
 }
 
 async fn start(names: &TopicNames, instance: &str, env: &[(&str, &str)]) -> Ingester {
@@ -486,16 +482,7 @@ async fn hook_and_cdc_topics_exactly_once_across_kill_9_bad_records_dead_lettere
 }
 
 fn lake_python() -> PathBuf {
-    let venv = std::env::var_os("SLUICE_TEST_LAKE_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.stack/lake-venv"));
-    let py = venv.join("bin/python");
-    assert!(
-        py.exists(),
-        "no lake writers at {} — `bash compose/ensure-venv.sh lake …` (compose/test.sh does it)",
-        py.display()
-    );
-    py
+    venv_bin("lake", "python")
 }
 
 /// Commits with the real writer; returns (table path, [(snapshot id, sequence)]).

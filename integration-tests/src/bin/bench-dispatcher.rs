@@ -16,13 +16,12 @@ use std::time::{Duration, Instant};
 
 use sluice_dispatcher::store::{self, NewTrigger};
 use sluice_integration_tests::{
-    free_port, fresh_database, kafka, produce_all, raw_consume, unique,
+    dispatcher_database, free_port, fresh_topics, produce_all, raw_consume,
 };
 use sluice_kit::config::Env;
-use sluice_kit::topics::{self, Topic, TopicNames};
+use sluice_kit::topics::Topic;
 use sluice_kit::wire::{TriggerInput, TriggerRecord, TriggerTarget, WireTargetKind};
 use sluice_kit::{Codec, SchemaName, Shutdown};
-use sqlx::PgPool;
 
 const PARTITIONS: i32 = 4;
 const BATCH: usize = 500;
@@ -72,18 +71,8 @@ fn trigger_record(n: usize) -> TriggerRecord {
     }
 }
 
-async fn migrated() -> (String, PgPool) {
-    let url = fresh_database().await;
-    let pool = PgPool::connect(&url).await.expect("pool");
-    sluice_dispatcher::MIGRATOR
-        .run(&pool)
-        .await
-        .expect("migrate");
-    (url, pool)
-}
-
 async fn inserts(n: usize) {
-    let (_, pool) = migrated().await;
+    let (_, pool) = dispatcher_database().await;
     let batch: Vec<NewTrigger> = (0..n).map(|i| new_trigger(0, i)).collect();
     let started = Instant::now();
     let mut new = 0;
@@ -128,17 +117,8 @@ async fn inserts(n: usize) {
 }
 
 async fn dispatches(n: usize) {
-    let (url, pool) = migrated().await;
-    let names = TopicNames::with_prefix(&format!("{}.", unique("bd")), PARTITIONS);
-    let admin = kafka().admin("bench").expect("admin");
-    topics::bootstrap(
-        &admin,
-        &names,
-        sluice_dispatcher::TOPICS,
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("topics");
+    let (url, pool) = dispatcher_database().await;
+    let names = fresh_topics("bd", PARTITIONS, sluice_dispatcher::TOPICS).await;
     let topic = names.name(Topic::Triggers);
     let codec = Codec::new(None);
     let mut records = Vec::with_capacity(n);

@@ -236,6 +236,8 @@ pub fn debezium(value: Option<&[u8]>, map: &CdcMapping) -> Result<Change, Invali
 
 pub struct Hooks {
     topics: BTreeMap<String, HookTopic>,
+    /// Where each hudi topic's asset keys come from (checked by `parse_topics`).
+    hudi_keys: BTreeMap<String, HudiKey>,
     codec: Codec,
     runtime: tokio::runtime::Handle,
     events_topic: String,
@@ -248,7 +250,19 @@ impl Hooks {
         runtime: tokio::runtime::Handle,
         events_topic: String,
     ) -> Hooks {
+        let hudi_keys = topics
+            .iter()
+            .filter_map(|t| {
+                let key = match (&t.asset, &t.namespace) {
+                    (Some(a), _) => HudiKey::Asset(AssetKey::parse(a).ok()?),
+                    (None, Some(ns)) => HudiKey::Namespace(ns.clone()),
+                    (None, None) => return None,
+                };
+                Some((t.topic.clone(), key))
+            })
+            .collect();
         Hooks {
+            hudi_keys,
             topics: topics.into_iter().map(|t| (t.topic.clone(), t)).collect(),
             codec,
             runtime,
@@ -268,18 +282,10 @@ impl Hooks {
                 normalize::commits_from_json(payload()?, EventSource::KafkaHook).map_err(poison)
             }
             HookFormat::Hudi => {
-                let key = match (&hook.asset, &hook.namespace) {
-                    (Some(a), _) => HudiKey::Asset(
-                        AssetKey::parse(a).map_err(|e| ProcessError::Fatal(e.to_string()))?,
-                    ),
-                    (None, Some(ns)) => HudiKey::Namespace(ns.clone()),
-                    (None, None) => {
-                        return Err(ProcessError::Fatal(
-                            "hudi hook topic without namespace".into(),
-                        ));
-                    }
-                };
-                normalize::hudi_from_json(payload()?, &key, EventSource::KafkaHook)
+                let key = self.hudi_keys.get(input.topic).ok_or_else(|| {
+                    ProcessError::Fatal(format!("hudi hook topic {} without a key", input.topic))
+                })?;
+                normalize::hudi_from_json(payload()?, key, EventSource::KafkaHook)
                     .map(|e| vec![e])
                     .map_err(poison)
             }

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sluice_core::{AssetEvent, AssetKey, EventSource};
 
-use crate::auth::{Denied, Tokens};
+use crate::auth::{Denied, TokenSpec, Tokens};
 use crate::metrics as m;
 use crate::normalize::{self, HudiKey};
 use crate::sink::Sink;
@@ -105,14 +105,10 @@ const DRAIN_LIMIT: usize = 64 << 20;
 /// Authorises every event of a request, then publishes them all or none.
 async fn accept(
     state: &Http,
-    headers: &HeaderMap,
+    token: &TokenSpec,
     events: Vec<AssetEvent>,
     path: &'static str,
 ) -> Response {
-    let token = match state.tokens.identify(bearer(headers)) {
-        Ok(t) => t,
-        Err(e) => return unauthorized(e),
-    };
     for e in &events {
         if let Err(denied) = token.may_write(&e.asset_key) {
             return error(StatusCode::FORBIDDEN, denied.to_string());
@@ -150,9 +146,10 @@ fn unauthorized(e: Denied) -> Response {
 
 async fn commits(State(state): State<Arc<Http>>, headers: HeaderMap, body: Body) -> Response {
     // Authenticate before reading a body (an unknown caller gets nothing parsed).
-    if let Err(e) = state.tokens.identify(bearer(&headers)) {
-        return unauthorized(e);
-    }
+    let token = match state.tokens.identify(bearer(&headers)) {
+        Ok(t) => t,
+        Err(e) => return unauthorized(e),
+    };
     let bytes = match read_body(&headers, body, state.max_body_bytes).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -171,7 +168,7 @@ async fn commits(State(state): State<Arc<Http>>, headers: HeaderMap, body: Body)
             ),
         );
     }
-    accept(&state, &headers, events, "commits").await
+    accept(&state, token, events, "commits").await
 }
 
 #[derive(Debug, Deserialize)]
@@ -187,9 +184,10 @@ async fn hudi(
     query: Result<Query<HudiQuery>, axum::extract::rejection::QueryRejection>,
     body: Body,
 ) -> Response {
-    if let Err(e) = state.tokens.identify(bearer(&headers)) {
-        return unauthorized(e);
-    }
+    let token = match state.tokens.identify(bearer(&headers)) {
+        Ok(t) => t,
+        Err(e) => return unauthorized(e),
+    };
     let Ok(Query(q)) = query else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -214,7 +212,7 @@ async fn hudi(
         Err(r) => return r,
     };
     match normalize::hudi_from_json(&bytes, &key, EventSource::Push) {
-        Ok(e) => accept(&state, &headers, vec![e], "hudi").await,
+        Ok(e) => accept(&state, token, vec![e], "hudi").await,
         Err(e) => error(StatusCode::BAD_REQUEST, e.0),
     }
 }

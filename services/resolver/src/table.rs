@@ -7,10 +7,8 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use foldhash::{HashMap, HashMapExt};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::ClientConfig;
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice_core::{AssetKey, AssetState};
 use sluice_kit::wire::StateRecord;
 use sluice_kit::{Codec, SchemaName};
@@ -137,66 +135,45 @@ impl GlobalTable {
 
     fn read_loop(
         &self,
-        mut config: ClientConfig,
+        config: ClientConfig,
         topic: &str,
         codec: &Codec,
         runtime: &tokio::runtime::Handle,
         stop: &AtomicBool,
         timeout: Duration,
     ) -> Result<(), String> {
-        config.set("enable.partition.eof", "true");
-        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
-        let md = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| format!("metadata of {topic}: {e}"))?;
-        let count = md.topics().first().map_or(0, |t| t.partitions().len());
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..count {
-            tpl.add_partition_offset(topic, p as i32, Offset::Beginning)
-                .map_err(|e| e.to_string())?;
-        }
-        consumer.assign(&tpl).map_err(|e| e.to_string())?;
         let started = Instant::now();
-        let mut behind: std::collections::BTreeSet<i32> = (0..count as i32).collect();
-        if behind.is_empty() {
-            self.caught_up.store(true, Ordering::Release);
-        }
-        while !stop.load(Ordering::Relaxed) {
-            match consumer.poll(Duration::from_millis(100)) {
-                None => {}
-                Some(Err(KafkaError::PartitionEOF(p)))
-                    if behind.remove(&p) && behind.is_empty() =>
-                {
-                    metrics::histogram!(m::TABLE_RESTORE_SECONDS)
-                        .record(started.elapsed().as_secs_f64());
-                    tracing::info!(
-                        records = self.records_read(),
-                        seconds = started.elapsed().as_secs_f64(),
-                        "asset-state table caught up"
-                    );
-                    self.caught_up.store(true, Ordering::Release);
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "asset-state read error"),
-                Some(Ok(msg)) => {
-                    self.records.fetch_add(1, Ordering::Relaxed);
-                    let at = || format!("asset-state {}@{}", msg.partition(), msg.offset());
-                    let decoded = decode(&msg, codec, runtime);
-                    match decoded {
-                        Ok((key, value)) => {
-                            self.apply(key, value);
-                        }
-                        Err(e) => {
-                            // The state-updater wrote it; a record we cannot read is
-                            // a bug or a foreign writer. Counted and logged, not guessed at.
-                            metrics::counter!(m::TABLE_UNREADABLE_TOTAL).increment(1);
-                            tracing::error!(record = %at(), error = %e, "unreadable asset-state record skipped");
-                        }
+        sluice_kit::changelog::follow(
+            &config,
+            topic,
+            timeout,
+            stop,
+            || {
+                metrics::histogram!(m::TABLE_RESTORE_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
+                tracing::info!(
+                    records = self.records_read(),
+                    seconds = started.elapsed().as_secs_f64(),
+                    "asset-state table caught up"
+                );
+                self.caught_up.store(true, Ordering::Release);
+            },
+            |msg| {
+                self.records.fetch_add(1, Ordering::Relaxed);
+                match decode(msg, codec, runtime) {
+                    Ok((key, value)) => {
+                        self.apply(key, value);
+                    }
+                    Err(e) => {
+                        // The state-updater wrote it; a record we cannot read is
+                        // a bug or a foreign writer. Counted and logged, not guessed at.
+                        metrics::counter!(m::TABLE_UNREADABLE_TOTAL).increment(1);
+                        let at = format!("asset-state {}@{}", msg.partition(), msg.offset());
+                        tracing::error!(record = %at, error = %e, "unreadable asset-state record skipped");
                     }
                 }
-            }
-        }
-        Ok(())
+            },
+        )
     }
 }
 

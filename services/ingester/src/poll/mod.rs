@@ -19,10 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Message};
 use serde::Deserialize;
 use sluice_core::{AssetEvent, AssetKey, EventSource, TableFormat};
 use sluice_kit::wire::StateRecord;
@@ -153,7 +150,7 @@ impl Known {
     /// Follows every partition of asset-state until `stop` (a blocking loop).
     pub fn follow(
         self: &Arc<Self>,
-        mut config: ClientConfig,
+        config: ClientConfig,
         topic: &str,
         wanted: &[AssetKey],
         codec: &Codec,
@@ -161,55 +158,32 @@ impl Known {
         stop: &AtomicBool,
     ) -> Result<(), String> {
         let wanted: std::collections::HashSet<&str> = wanted.iter().map(AssetKey::as_str).collect();
-        config.set("enable.partition.eof", "true");
-        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
-        let md = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(30))
-            .map_err(|e| format!("metadata of {topic}: {e}"))?;
-        let count = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..count {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)
-                .map_err(|e| e.to_string())?;
-        }
-        consumer.assign(&tpl).map_err(|e| e.to_string())?;
-        let mut behind: std::collections::BTreeSet<i32> = (0..count).collect();
-        if behind.is_empty() {
-            self.caught_up.store(true, Ordering::Release);
-        }
-        while !stop.load(Ordering::Relaxed) {
-            match consumer.poll(Duration::from_millis(100)) {
-                None => {}
-                Some(Err(KafkaError::PartitionEOF(p)))
-                    if behind.remove(&p) && behind.is_empty() =>
+        sluice_kit::changelog::follow(
+            &config,
+            topic,
+            Duration::from_secs(30),
+            stop,
+            || self.caught_up.store(true, Ordering::Release),
+            |msg| {
+                let Some(key) = msg.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+                    return;
+                };
+                let Some(payload) = msg.payload().filter(|_| wanted.contains(key)) else {
+                    return;
+                };
+                match runtime.block_on(codec.decode::<StateRecord>(SchemaName::AssetState, payload))
                 {
-                    self.caught_up.store(true, Ordering::Release);
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "asset-state read error"),
-                Some(Ok(msg)) => {
-                    let Some(key) = msg.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-                        continue;
-                    };
-                    let Some(payload) = msg.payload().filter(|_| wanted.contains(key)) else {
-                        continue;
-                    };
-                    match runtime
-                        .block_on(codec.decode::<StateRecord>(SchemaName::AssetState, payload))
-                    {
-                        Ok(r) => {
-                            if let Some(latest) = r.latest {
-                                self.advance(key, latest.sequence);
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(asset = key, error = %e, "unreadable asset-state record skipped")
+                    Ok(r) => {
+                        if let Some(latest) = r.latest {
+                            self.advance(key, latest.sequence);
                         }
                     }
+                    Err(e) => {
+                        tracing::error!(asset = key, error = %e, "unreadable asset-state record skipped")
+                    }
                 }
-            }
-        }
-        Ok(())
+            },
+        )
     }
 
     pub fn caught_up(&self) -> bool {
