@@ -139,8 +139,6 @@ pub enum Error {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("http listener: {0}")]
     Listen(std::io::Error),
-    #[error("hook loop: {0}")]
-    Loop(#[from] txn::Error),
     #[error("{0}")]
     Task(String),
 }
