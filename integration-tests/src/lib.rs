@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod pipeline;
+pub mod registry;
 
 /// The broker, from `SLUICE_KAFKA_BOOTSTRAP` (set by `compose/test.sh`).
 pub fn bootstrap() -> String {

@@ -1,6 +1,8 @@
 //! The ingester as a process against the real broker: HTTP push with every
 //! refusal, a broker that cannot take the event (503), commit-hook and Debezium
 //! CDC topics exactly once across a kill -9 with bad records dead-lettered, and the
+//! Debezium Avro change events written by Confluent's own serializer through a
+//! schema registry (its outage waited out, not dead-lettered), and the
 //! pollers on tables written by the real writers (pyiceberg, pypaimon, deltalake
 //! from the venv `compose/ensure-venv.sh` installs; Hudi timelines laid out as
 //! Hudi 0.15.0 and 1.0.2 write them), push + poll of one commit folding once.
@@ -12,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{Value, json};
-use sluice_core::{AssetEvent, AssetKey, EventId, EventKind, EventSource, TableFormat};
+use sluice_core::{AssetEvent, AssetKey, EventId, EventKind, EventSource, Operation, TableFormat};
+use sluice_integration_tests::registry::StandIn;
 use sluice_integration_tests::{
     ReadRecord, bootstrap, create_topic, free_port, fresh_topics, kafka, read_records,
     service_binary, unique, venv_bin,
@@ -479,6 +482,145 @@ async fn hook_and_cdc_topics_exactly_once_across_kill_9_bad_records_dead_lettere
         dlq.iter()
             .all(|r| r.header("sluice.dlq.error").is_some_and(|e| !e.is_empty()))
     );
+}
+
+/// Debezium Avro: Confluent's serializer (confluent-kafka for Python) writes the
+/// PostgreSQL connector's Envelope through the registry stand-in; the ingester reads
+/// each writer schema by the id in the frame. While its registry does not answer,
+/// nothing is consumed and nothing is dead-lettered; once it does, every change
+/// comes exactly once and the three bad records are dead-lettered with their origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_avro_through_a_schema_registry_whose_outage_is_waited_out() {
+    let names = topics_for("iv").await;
+    let cdc_t = create_topic(1).await;
+    let registry = StandIn::default();
+    let url = registry.listen(0).await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/debezium_avro.py");
+    let (topic, at) = (cdc_t.clone(), url.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(lake_python())
+            .arg(script)
+            .args([bootstrap(), topic, at])
+            .output()
+    })
+    .await
+    .expect("join")
+    .expect("run the Avro producer");
+    assert!(
+        out.status.success(),
+        "debezium_avro.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut subjects = registry.subjects();
+    subjects.sort();
+    assert_eq!(subjects, [format!("{cdc_t}-key"), format!("{cdc_t}-value")]);
+
+    // The ingester's registry address does not answer yet.
+    let port = free_port();
+    let hooks = json!([{
+        "topic": cdc_t, "format": "debezium",
+        "schema_registry": format!("http://127.0.0.1:{port}"),
+        "mapping": {"operation": "operation", "watermark_ms": "watermark_ms", "schema_id": "schema_id"},
+    }])
+    .to_string();
+    let env = [
+        ("SLUICE_HOOK_TOPICS", hooks.as_str()),
+        ("SLUICE_INGEST_HTTP_ADDR", "off"),
+    ];
+    let ing = start(&names, "v", &env).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let dlq = names.name(Topic::DeadLetter);
+    assert!(
+        events(&names).await.is_empty(),
+        "nothing read without the writer schema"
+    );
+    assert!(
+        read_records(&dlq, PARTITIONS).is_empty(),
+        "a registry outage is not bad input"
+    );
+
+    registry.listen(port).await;
+    let expired = EventId::derive(
+        &AssetKey::parse("lake.ods.e").expect("key"),
+        EventKind::SnapshotExpired,
+        1,
+        7001,
+    )
+    .as_str()
+    .to_owned();
+    let want: BTreeMap<String, usize> = [
+        id("lake.ods.e", 1, 7001),
+        id("lake.ods.e", 2, 7002),
+        expired,
+    ]
+    .into_iter()
+    .map(|k| (k, 1))
+    .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = Vec::new();
+    while Instant::now() < deadline {
+        got = events(&names).await;
+        if got.len() >= want.len() && read_records(&dlq, PARTITIONS).len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got_later = events(&names).await;
+    drop(ing);
+    assert_eq!(count_by_id(&got), want);
+    assert_eq!(
+        count_by_id(&got_later),
+        want,
+        "nothing after the last change"
+    );
+    let insert = got
+        .iter()
+        .find(|e| e.sequence == 2)
+        .expect("the insert's event");
+    assert_eq!(
+        (
+            insert.format,
+            insert.operation,
+            insert.watermark_ms,
+            insert.schema_id,
+            insert.source,
+            insert.attributes.get("cdc.op").map(String::as_str),
+        ),
+        (
+            TableFormat::Iceberg,
+            Operation::Overwrite,
+            Some(1_699_999_999_000),
+            Some(3),
+            EventSource::Cdc,
+            Some("c"),
+        ),
+        "optional columns read through their [null, T] unions"
+    );
+
+    let dead = read_records(&dlq, PARTITIONS);
+    let mut why: Vec<(String, String)> = dead
+        .iter()
+        .map(|r| {
+            (
+                r.header("sluice.dlq.offset").unwrap_or_default(),
+                r.header("sluice.dlq.error").unwrap_or_default(),
+            )
+        })
+        .collect();
+    why.sort_by_key(|(offset, _)| offset.parse::<i64>().unwrap_or(-1));
+    println!("Avro dead letters: {why:#?}");
+    assert!(
+        dead.iter()
+            .all(|r| r.header("sluice.dlq.topic").as_deref() == Some(cdc_t.as_str()))
+    );
+    let offsets: Vec<&str> = why.iter().map(|(o, _)| o.as_str()).collect();
+    assert_eq!(offsets, ["4", "5", "6"], "each bad record once, in order");
+    assert!(
+        why[0].1.contains("9999") || why[0].1.contains("40403"),
+        "{why:?}"
+    );
+    assert!(why[2].1.contains("orc"), "{why:?}");
 }
 
 fn lake_python() -> PathBuf {

@@ -8,16 +8,19 @@
 //! - `hudi`: Hudi's Kafka write-commit callback message (keyed by table name), the
 //!   asset key completed from the topic's `namespace` or given as `asset`;
 //! - `avro`: Sluice's own `asset-event.avsc` (single-object or Confluent framing);
-//! - `debezium`: Debezium change events (JSON, with or without the schema
-//!   envelope) of a table that records commits, mapped column by column.
+//! - `debezium`: Debezium change events of a table that records commits, mapped
+//!   column by column: JSON (with or without the schema envelope) or Avro in the
+//!   Confluent wire format (told apart by the first byte), the writer schema read
+//!   from the topic's `schema_registry` (default `SLUICE_SCHEMA_REGISTRY_URL`).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use sluice_core::{AssetEvent, AssetKey, EventKind, EventSource};
+use sluice_kit::codec::CONFLUENT_MAGIC;
 use sluice_kit::txn::{Input, Output, ProcessError, Processor};
-use sluice_kit::{Codec, SchemaName};
+use sluice_kit::{Codec, ForeignAvro, SchemaName};
 
 use crate::metrics as m;
 use crate::normalize::{self, CommitNotice, HudiKey, Invalid};
@@ -36,6 +39,9 @@ pub struct HookTopic {
     /// `debezium`: AssetEvent field → column of the captured table.
     #[serde(default)]
     pub mapping: Option<CdcMapping>,
+    /// `debezium`: the registry holding the writer schemas of its Avro events.
+    #[serde(default)]
+    pub schema_registry: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -117,11 +123,18 @@ pub fn parse_topics(json: &str) -> Result<Vec<HookTopic>, Vec<String>> {
             )),
             _ => {}
         }
-        if t.mapping.is_some() && t.format != HookFormat::Debezium {
-            problems.push(format!(
-                "hook topic {}: `mapping` is for debezium topics",
-                t.topic
-            ));
+        if t.format != HookFormat::Debezium {
+            for (set, field) in [
+                (t.mapping.is_some(), "mapping"),
+                (t.schema_registry.is_some(), "schema_registry"),
+            ] {
+                if set {
+                    problems.push(format!(
+                        "hook topic {}: `{field}` is for debezium topics",
+                        t.topic
+                    ));
+                }
+            }
         }
     }
     if problems.is_empty() {
@@ -163,7 +176,7 @@ fn as_str<'a>(v: &'a Value, col: &str) -> Result<&'a str, Invalid> {
         .ok_or_else(|| Invalid(format!("column {col:?}: {v} is not a string")))
 }
 
-/// Pure: a Debezium change event (value bytes; `None` = tombstone) → a [`Change`].
+/// Pure: a Debezium JSON change event (value bytes; `None` = tombstone) → a [`Change`].
 pub fn debezium(value: Option<&[u8]>, map: &CdcMapping) -> Result<Change, Invalid> {
     let Some(bytes) = value else {
         return Ok(Change::Tombstone);
@@ -175,6 +188,11 @@ pub fn debezium(value: Option<&[u8]>, map: &CdcMapping) -> Result<Change, Invali
         Some(p) if v.get("schema").is_some() => p,
         _ => &v,
     };
+    debezium_envelope(envelope, map)
+}
+
+/// Pure: a Debezium envelope (the JSON payload, or an Avro event read as JSON).
+pub fn debezium_envelope(envelope: &Value, map: &CdcMapping) -> Result<Change, Invalid> {
     if envelope.is_null() {
         return Ok(Change::Tombstone);
     }
@@ -238,6 +256,8 @@ pub struct Hooks {
     topics: BTreeMap<String, HookTopic>,
     /// Where each hudi topic's asset keys come from (checked by `parse_topics`).
     hudi_keys: BTreeMap<String, HudiKey>,
+    /// Writer-schema readers of the debezium topics that have a registry.
+    cdc_avro: BTreeMap<String, ForeignAvro>,
     codec: Codec,
     runtime: tokio::runtime::Handle,
     events_topic: String,
@@ -247,6 +267,7 @@ impl Hooks {
     pub fn new(
         topics: Vec<HookTopic>,
         codec: Codec,
+        registry_url: Option<&str>,
         runtime: tokio::runtime::Handle,
         events_topic: String,
     ) -> Hooks {
@@ -261,8 +282,17 @@ impl Hooks {
                 Some((t.topic.clone(), key))
             })
             .collect();
+        let cdc_avro = topics
+            .iter()
+            .filter(|t| t.format == HookFormat::Debezium)
+            .filter_map(|t| {
+                let url = t.schema_registry.as_deref().or(registry_url)?;
+                Some((t.topic.clone(), ForeignAvro::new(url)))
+            })
+            .collect();
         Hooks {
             hudi_keys,
+            cdc_avro,
             topics: topics.into_iter().map(|t| (t.topic.clone(), t)).collect(),
             codec,
             runtime,
@@ -304,7 +334,25 @@ impl Hooks {
             }
             HookFormat::Debezium => {
                 let map = hook.mapping.clone().unwrap_or_default();
-                match debezium(input.payload, &map).map_err(poison)? {
+                let change = match input.payload {
+                    Some([CONFLUENT_MAGIC, ..]) => {
+                        let reader = self.cdc_avro.get(input.topic).ok_or_else(|| {
+                            ProcessError::Poison(format!(
+                                "a Confluent-framed Avro change event, but topic {} has no \
+                                 schema_registry (nor SLUICE_SCHEMA_REGISTRY_URL) to read its \
+                                 writer schema from",
+                                input.topic
+                            ))
+                        })?;
+                        let envelope = self
+                            .runtime
+                            .block_on(reader.read_json(payload()?))
+                            .map_err(|e| ProcessError::undecodable(&e))?;
+                        debezium_envelope(&envelope, &map)
+                    }
+                    json => debezium(json, &map),
+                };
+                match change.map_err(poison)? {
                     Change::Tombstone => Ok(Vec::new()),
                     Change::Commit(e) | Change::Expired(e) => Ok(vec![e]),
                 }
@@ -382,6 +430,16 @@ mod tests {
         assert_eq!(
             debezium(Some(bad.as_bytes()), &map).expect_err("refused").0,
             "column \"format\" is missing or null"
+        );
+    }
+
+    #[test]
+    fn debezium_only_options_are_refused_elsewhere() {
+        let topics = r#"[{"topic": "t", "format": "json", "schema_registry": "http://r:8081"},
+            {"topic": "u", "format": "debezium", "schema_registry": "http://r:8081"}]"#;
+        assert_eq!(
+            parse_topics(topics).expect_err("refused"),
+            ["hook topic t: `schema_registry` is for debezium topics"]
         );
     }
 

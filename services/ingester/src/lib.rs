@@ -197,6 +197,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         let processor = hooks::Hooks::new(
             options.hook_topics.clone(),
             codec(),
+            registry.as_deref(),
             tokio::runtime::Handle::current(),
             events_topic.clone(),
         );

@@ -168,6 +168,41 @@ impl Codec {
     }
 }
 
+/// Reads Confluent-framed Avro whose schema Sluice does not own (a Debezium change
+/// event): the writer schema comes from the registry by the id in the frame, and the
+/// value is returned as written, for the caller to interpret.
+pub struct ForeignAvro {
+    decoder: AvroDecoder,
+}
+
+impl ForeignAvro {
+    pub fn new(registry_url: &str) -> ForeignAvro {
+        apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
+        ForeignAvro {
+            decoder: AvroDecoder::new(SrSettings::new(
+                registry_url.trim_end_matches('/').to_owned(),
+            )),
+        }
+    }
+
+    /// The datum under its writer schema, as JSON: unions unwrap to their branch,
+    /// records become objects, int/long numbers (the shape of Kafka Connect's JSON
+    /// converter payload). An unreachable registry is retriable; an unknown id or
+    /// bytes that do not fit the schema are not.
+    pub async fn read_json(&self, bytes: &[u8]) -> Result<serde_json::Value, CodecError> {
+        check_confluent_header(bytes)?;
+        let decoded = self
+            .decoder
+            .decode(Some(bytes))
+            .await
+            .map_err(registry_error)?;
+        serde_json::Value::try_from(decoded.value).map_err(|e| CodecError::Datum {
+            schema: "writer schema",
+            message: e.to_string(),
+        })
+    }
+}
+
 fn registry_error(e: schema_registry_converter::error::SRCError) -> CodecError {
     CodecError::Registry {
         retriable: e.retriable,

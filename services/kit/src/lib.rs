@@ -17,7 +17,7 @@ pub mod topics;
 pub mod txn;
 pub mod wire;
 
-pub use codec::{Codec, CodecError};
+pub use codec::{Codec, CodecError, ForeignAvro};
 pub use health::Health;
 pub use schemas::SchemaName;
 pub use shutdown::Shutdown;

@@ -1,78 +1,17 @@
-//! The Confluent wire-format path, against an in-test **schema-registry stand-in**.
-//!
-//! No Confluent-compatible registry can run on this machine (see
-//! `docs/decisions/0003-schema-registry-stand-in.md`). The stand-in implements the
-//! two endpoints the codec calls, with the Confluent REST API's bodies and codes:
-//! `POST /subjects/{subject}/versions` → `{"id": n}` (the same schema gets the same
-//! id) and `GET /schemas/ids/{id}` → `{"schema": "…"}` or 404 `{"error_code": 40403}`.
+//! The Confluent wire-format path of Sluice's own codec, against the shared
+//! schema-registry stand-in (`sluice_integration_tests::registry`; no
+//! Confluent-compatible registry can run on this machine, see
+//! `docs/decisions/0003-schema-registry-stand-in.md`).
 
-use std::sync::{Arc, Mutex};
-
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde_json::{Value, json};
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
+use sluice_integration_tests::registry::StandIn;
 use sluice_kit::SchemaName;
 use sluice_kit::codec::{CONFLUENT_MAGIC, Codec, CodecError};
 use sluice_kit::wire::StateRecord;
 
-#[derive(Default)]
-struct Registry {
-    /// Schema text by id - 1.
-    schemas: Vec<String>,
-    registrations: Vec<String>,
-}
-
-type Shared = Arc<Mutex<Registry>>;
-
-async fn register(
-    State(r): State<Shared>,
-    Path(subject): Path<String>,
-    Json(body): Json<Value>,
-) -> (StatusCode, Json<Value>) {
-    let Some(schema) = body.get("schema").and_then(Value::as_str) else {
-        return (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Json(json!({"error_code": 42201, "message": "Invalid schema"})),
-        );
-    };
-    let mut r = r.lock().expect("lock");
-    r.registrations.push(subject);
-    let id = match r.schemas.iter().position(|s| s == schema) {
-        Some(i) => i + 1,
-        None => {
-            r.schemas.push(schema.to_owned());
-            r.schemas.len()
-        }
-    };
-    (StatusCode::OK, Json(json!({ "id": id })))
-}
-
-async fn by_id(State(r): State<Shared>, Path(id): Path<usize>) -> (StatusCode, Json<Value>) {
-    let r = r.lock().expect("lock");
-    match id.checked_sub(1).and_then(|i| r.schemas.get(i)) {
-        Some(s) => (StatusCode::OK, Json(json!({ "schema": s }))),
-        None => (
-            StatusCode::NOT_FOUND,
-            Json(json!({"error_code": 40403, "message": "Schema not found"})),
-        ),
-    }
-}
-
-async fn stand_in() -> (String, Shared) {
-    let shared: Shared = Arc::default();
-    let app = Router::new()
-        .route("/subjects/{subject}/versions", post(register))
-        .route("/schemas/ids/{id}", get(by_id))
-        .with_state(shared.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    (format!("http://{addr}"), shared)
+async fn stand_in() -> (String, StandIn) {
+    let registry = StandIn::default();
+    (registry.listen(0).await, registry)
 }
 
 fn event() -> AssetEvent {
@@ -104,10 +43,7 @@ async fn confluent_wire_format_round_trips_and_registers_under_the_topic_subject
         .await
         .expect("decode");
     assert_eq!(back, event());
-    assert_eq!(
-        registry.lock().expect("lock").registrations,
-        ["sluice.asset-events-value"]
-    );
+    assert_eq!(registry.subjects(), ["sluice.asset-events-value"]);
 
     // A second codec (another service) decodes the same bytes through the registry.
     let other = Codec::new(Some(&url));
