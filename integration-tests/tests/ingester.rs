@@ -693,14 +693,38 @@ fn hudi_1x(dir: &Path) -> Vec<i64> {
     let t = dir.join(".hoodie/timeline");
     std::fs::create_dir_all(&t).expect("dir");
     std::fs::write(dir.join(".hoodie/hoodie.properties"), "hoodie.table.name=hudi_events\nhoodie.table.type=MERGE_ON_READ\nhoodie.timeline.layout.version=2\nhoodie.table.version=8\n").expect("w");
-    std::fs::write(t.join("20241201100000000.deltacommit.requested"), "").expect("w");
-    std::fs::write(t.join("20241201100000000.deltacommit.inflight"), "").expect("w");
-    std::fs::write(
-        t.join("20241201100000000_20241201100005123.deltacommit"),
-        [0x4f, 0x62, 0x6a, 0x01],
-    )
-    .expect("w");
-    vec![20241201100000000]
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/hudi_avro.py");
+    // An upsert, then a clustering (a replacecommit whose metadata says "cluster").
+    for (instant, completed, action, op) in [
+        (
+            "20241201100000000",
+            "20241201100005123",
+            "deltacommit",
+            "upsert",
+        ),
+        (
+            "20241201110000000",
+            "20241201110009456",
+            "replacecommit",
+            "cluster",
+        ),
+    ] {
+        std::fs::write(t.join(format!("{instant}.{action}.requested")), "").expect("w");
+        std::fs::write(t.join(format!("{instant}.{action}.inflight")), "").expect("w");
+        let file = t.join(format!("{instant}_{completed}.{action}"));
+        let out = Command::new(lake_python())
+            .arg(&script)
+            .arg(&file)
+            .args([action, op])
+            .output()
+            .expect("run hudi_avro.py");
+        assert!(
+            out.status.success(),
+            "hudi_avro.py: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    vec![20241201100000000, 20241201110000000]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -767,7 +791,7 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
         ("lake.ods.payments", pai_snaps[1].1),
         ("lake.ods.refunds", del_snaps[1].1),
         ("lake.ods.hudi_orders", h0_seqs[1]),
-        ("lake.ods.hudi_events", h1_seqs[0]),
+        ("lake.ods.hudi_events", h1_seqs[1]),
     ]
     .into_iter()
     .collect();
@@ -788,6 +812,25 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
     };
     let st = folded(&names).await;
     let evs = events(&names).await;
+    // Hudi 1.x: the operation comes from the Avro commit metadata, not the action
+    // alone (a replacecommit alone would read as an overwrite).
+    let hudi_ops: Vec<(Operation, Option<&str>)> = evs
+        .iter()
+        .filter(|e| e.asset_key.as_str() == "lake.ods.hudi_events")
+        .map(|e| {
+            (
+                e.operation,
+                e.attributes.get("hudi.operation_type").map(String::as_str),
+            )
+        })
+        .collect();
+    assert_eq!(
+        hudi_ops,
+        [
+            (Operation::Append, Some("upsert")),
+            (Operation::Compact, Some("cluster"))
+        ]
+    );
     let by_id = count_by_id(&evs);
     let commits: BTreeMap<&str, i64> = st
         .iter()
@@ -809,7 +852,7 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
         ("lake.ods.payments", 2),
         ("lake.ods.refunds", 2),
         ("lake.ods.hudi_orders", 2),
-        ("lake.ods.hudi_events", 1),
+        ("lake.ods.hudi_events", 2),
     ]
     .into_iter()
     .collect();

@@ -346,7 +346,8 @@ fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
 //       ones end in `.requested` / `.inflight`; completed commit files hold the
 //       HoodieCommitMetadata as JSON.
 //   1.x (timeline layout 2, e.g. Hudi 1.0.2): `.hoodie/timeline/<instant>_<completion>.<action>`;
-//       the file content is Avro, so the action alone tells the operation.
+//       completed commit files hold the HoodieCommitMetadata (or, for replacecommit,
+//       HoodieReplaceCommitMetadata) as an Avro data file, schema embedded.
 
 const HUDI_ACTIONS: [&str; 5] = [
     "commit",
@@ -355,6 +356,25 @@ const HUDI_ACTIONS: [&str; 5] = [
     "clean",
     "rollback",
 ];
+
+/// Magic of an Avro object container file.
+const AVRO_FILE_MAGIC: &[u8] = b"Obj\x01";
+
+/// A completed commit's metadata, from JSON (0.x) or an Avro data file (1.x), as JSON.
+fn hudi_commit_metadata(t: &dyn Tree, path: &Path) -> Result<Value, ScanError> {
+    let bytes = t.read(path)?;
+    if !bytes.starts_with(AVRO_FILE_MAGIC) {
+        return serde_json::from_slice(&bytes)
+            .map_err(|e| corrupt(t, path, format!("neither an Avro data file nor JSON: {e}")));
+    }
+    let avro = |e: apache_avro::Error| corrupt(t, path, format!("Avro data file: {e}"));
+    let record = apache_avro::Reader::new(&bytes[..])
+        .map_err(avro)?
+        .next()
+        .ok_or_else(|| corrupt(t, path, "an Avro data file without a record"))?
+        .map_err(avro)?;
+    Value::try_from(record).map_err(avro)
+}
 
 fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
     let hoodie = PathBuf::from(".hoodie");
@@ -384,10 +404,10 @@ fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
             continue;
         };
         let path = dir.join(&name);
-        let operation_type = if layout2 || action == "clean" || action == "rollback" {
+        let operation_type = if action == "clean" || action == "rollback" {
             None
         } else {
-            let meta = read_json(t, &path)?;
+            let meta = hudi_commit_metadata(t, &path)?;
             meta.get("operationType")
                 .and_then(Value::as_str)
                 .map(str::to_owned)
@@ -456,15 +476,43 @@ mod tests {
         let t = dir("hudi1");
         let tl = t.join(".hoodie/timeline");
         std::fs::create_dir_all(&tl).expect("dir");
-        std::fs::write(
-            tl.join("20241201120000000_20241201120001000.deltacommit"),
-            [0u8, 1, 2],
+        let schema = apache_avro::Schema::parse_str(
+            r#"{"type": "record", "name": "HoodieCommitMetadata", "namespace": "org.apache.hudi.avro.model",
+                "fields": [{"name": "extraMetadata", "type": ["null", {"type": "map", "values": "string"}], "default": null},
+                           {"name": "operationType", "type": ["null", "string"], "default": null}]}"#,
         )
-        .expect("w");
+        .expect("schema");
+        let mut w = apache_avro::Writer::new(&schema, Vec::new()).expect("writer");
+        let mut rec = apache_avro::types::Record::new(&schema).expect("record");
+        rec.put(
+            "extraMetadata",
+            apache_avro::types::Value::Union(0, Box::new(apache_avro::types::Value::Null)),
+        );
+        rec.put(
+            "operationType",
+            apache_avro::types::Value::Union(1, Box::new("insert_overwrite".into())),
+        );
+        w.append(rec).expect("append");
+        let file = w.into_inner().expect("avro file");
+        let done = tl.join("20241201120000000_20241201120001000.replacecommit");
+        std::fs::write(&done, &file[..file.len() / 2]).expect("w");
+        assert!(
+            matches!(
+                scan(TableFormat::Hudi, &LocalTree(t.clone()), Some(0)),
+                Err(ScanError::Corrupt { .. })
+            ),
+            "a cut-short Avro data file is retried, not an event"
+        );
+        std::fs::write(&done, &file).expect("w");
         std::fs::write(tl.join("20241201130000000.deltacommit.inflight"), "").expect("w");
         let s = scan(TableFormat::Hudi, &LocalTree(t.clone()), Some(0)).expect("scan");
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].sequence, 20241201120000000);
+        assert_eq!(s[0].operation, Operation::Overwrite);
+        assert!(
+            s[0].attributes
+                .contains(&("hudi.operation_type".into(), "insert_overwrite".into()))
+        );
     }
 
     #[test]
