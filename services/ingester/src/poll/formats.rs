@@ -492,7 +492,7 @@ mod tests {
             "operationType",
             apache_avro::types::Value::Union(1, Box::new("insert_overwrite".into())),
         );
-        w.append(rec).expect("append");
+        w.append_value(rec).expect("append");
         let file = w.into_inner().expect("avro file");
         let done = tl.join("20241201120000000_20241201120001000.replacecommit");
         std::fs::write(&done, &file[..file.len() / 2]).expect("w");
