@@ -4,7 +4,8 @@
 //! start-process-instance and process-instance paths; DolphinScheduler is a Java
 //! service that cannot run here) — and a real Airflow 3 (`airflow standalone`
 //! from the venv `compose/ensure-venv.sh` installs), in this file so that its
-//! slow start overlaps the other tests.
+//! slow start overlaps the other tests; an https webhook (Python's TLS server,
+//! a certificate from a CA made here with the openssl CLI).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
@@ -363,6 +364,153 @@ fn kill(child: &mut Child) {
 
 fn keys(ts: &[TriggerRecord]) -> BTreeSet<String> {
     ts.iter().map(|t| t.trigger_key.clone()).collect()
+}
+
+/// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
+fn tls_files(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let f = |n: &str| dir.join(n).display().to_string();
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    for args in [
+        vec![
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &f("ca.key"),
+            "-out",
+            &f("ca.pem"),
+            "-subj",
+            "/CN=sluice-test-ca",
+            "-days",
+            "2",
+        ],
+        vec![
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &f("leaf.key"),
+            "-out",
+            &f("leaf.csr"),
+            "-subj",
+            "/CN=localhost",
+        ],
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            &f("leaf.csr"),
+            "-CA",
+            &f("ca.pem"),
+            "-CAkey",
+            &f("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &f("leaf.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &f("leaf.ext"),
+        ],
+    ] {
+        let out = Command::new("openssl")
+            .args(&args)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (
+        dir.join("ca.pem"),
+        dir.join("leaf.pem"),
+        dir.join("leaf.key"),
+    )
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// An https webhook whose certificate comes from a CA the dispatcher is told to
+/// trust (`SLUICE_TLS_CA_FILE`): the trigger goes over TLS once, signed, SUCCEEDED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_target_gets_the_trigger_over_tls() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(unique("sluice-tls"));
+    let (ca, cert, key) = tls_files(&dir);
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("receivers/https_webhook.py");
+    let mut server = Command::new("python3")
+        .arg(script)
+        .args([&cert, &key])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the https webhook");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = server.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let port = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the webhook's port");
+    let run = Run::new().await;
+    let targets = format!(
+        r#"[{{"kind": "webhook", "name": "tls", "url": "https://127.0.0.1:{port}/hook/tls", "secret": "{SECRET}"}}]"#
+    );
+    let ca = ca.display().to_string();
+    let mut d = run.spawn("a", &targets, &[("SLUICE_TLS_CA_FILE", ca.as_str())]);
+    let t = trigger(1, WireTargetKind::Webhook, "tls");
+    run.publish(std::slice::from_ref(&t), 2).await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&t)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    kill(&mut d);
+    let _ = server.kill();
+    let _ = server.wait();
+    let calls: Vec<serde_json::Value> = lines
+        .try_iter()
+        .map(|l| serde_json::from_str(&l).expect("a request line"))
+        .collect();
+    assert_eq!(calls.len(), 1, "one send over TLS: {calls:?}");
+    let c = &calls[0];
+    assert_eq!(c["path"], "/hook/tls");
+    assert_eq!(
+        c["headers"][IDEMPOTENCY_HEADER.to_ascii_lowercase()],
+        t.trigger_key.as_str()
+    );
+    let body = unhex(c["body_hex"].as_str().expect("body"));
+    assert_eq!(
+        c["headers"][SIGNATURE_HEADER.to_ascii_lowercase()],
+        signature(SECRET, &body).as_str(),
+        "signed"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

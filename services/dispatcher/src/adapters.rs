@@ -102,15 +102,19 @@ fn by_status(status: reqwest::StatusCode, body: &str) -> Option<SendOutcome> {
 }
 
 impl Adapters {
-    pub fn new(kafka: Option<FutureProducer>) -> Arc<Adapters> {
-        Arc::new(Adapters {
+    /// https targets are verified against the system's roots plus `extra_roots`.
+    pub fn new(
+        kafka: Option<FutureProducer>,
+        extra_roots: &[reqwest::Certificate],
+    ) -> Result<Arc<Adapters>, reqwest::Error> {
+        Ok(Arc::new(Adapters {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
-                .build()
-                .unwrap_or_default(),
+                .tls_certs_merge(extra_roots.iter().cloned())
+                .build()?,
             kafka,
             airflow_tokens: Mutex::new(BTreeMap::new()),
-        })
+        }))
     }
 
     /// The one send of an invocation.

@@ -50,6 +50,8 @@ pub struct Options {
     pub batch_max: usize,
     pub batch_wait: Duration,
     pub fault: dispatch::Fault,
+    /// Roots trusted for https targets besides the system's (`SLUICE_TLS_CA_FILE`).
+    pub extra_roots: Vec<reqwest::Certificate>,
 }
 
 impl Options {
@@ -108,6 +110,26 @@ impl Options {
         if batch_max == 0 {
             env.problem("SLUICE_INTAKE_BATCH_MAX must be at least 1");
         }
+        let extra_roots = match env.optional("SLUICE_TLS_CA_FILE") {
+            None => Vec::new(),
+            Some(path) => match std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|pem| {
+                    reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| e.to_string())
+                }) {
+                Ok(certs) if !certs.is_empty() => certs,
+                Ok(_) => {
+                    env.problem(format!(
+                        "SLUICE_TLS_CA_FILE {path}: no PEM certificate in it"
+                    ));
+                    Vec::new()
+                }
+                Err(e) => {
+                    env.problem(format!("SLUICE_TLS_CA_FILE {path}: {e}"));
+                    Vec::new()
+                }
+            },
+        };
         env.finish(Options {
             common,
             database_url,
@@ -118,6 +140,7 @@ impl Options {
             batch_max,
             batch_wait,
             fault,
+            extra_roots,
         })
     }
 }
@@ -134,6 +157,8 @@ pub enum Error {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("{0}")]
     Loop(String),
+    #[error("http client: {0}")]
+    Http(#[from] reqwest::Error),
 }
 
 /// Connects (retrying while PostgreSQL is not up yet) and applies the migrations.
@@ -205,7 +230,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let dispatcher = Arc::new(dispatch::Dispatcher {
         pool: pool.clone(),
         targets: options.targets.clone(),
-        adapters: adapters::Adapters::new(Some(producer.clone())),
+        adapters: adapters::Adapters::new(Some(producer.clone()), &options.extra_roots)?,
         epoch,
         instance: c.instance.clone(),
         round: options.round,

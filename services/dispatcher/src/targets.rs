@@ -228,11 +228,9 @@ fn build(r: RawTarget) -> Result<Target, Vec<String>> {
     }
     for (field, url) in [("url", &r.url)] {
         if let Some(u) = url
-            && !u.starts_with("http://")
+            && !(u.starts_with("http://") || u.starts_with("https://"))
         {
-            problems.push(format!(
-                "{field} {u:?} must start with http:// (https needs a TLS-terminating proxy in this build)"
-            ));
+            problems.push(format!("{field} {u:?} must start with http:// or https://"));
         }
     }
     let positive = |field: &str, v: Option<u32>, default: u32, problems: &mut Vec<String>| {
@@ -313,7 +311,7 @@ mod tests {
     #[test]
     fn every_mistake_is_named_with_its_target() {
         let e = Targets::parse(
-            r#"[{"kind": "airflow", "name": "af", "url": "https://x", "api_version": 3},
+            r#"[{"kind": "airflow", "name": "af", "url": "ftp://x", "api_version": 3},
                 {"kind": "command", "name": "c", "max_attempts": 0},
                 {"kind": "webhook", "name": "w", "url": "http://x", "deadline_ms": 5, "send_timeout_ms": 10}]"#,
         )
@@ -322,7 +320,7 @@ mod tests {
         for want in [
             "target airflow/af: `username` is required",
             "target airflow/af: api_version 3",
-            "target airflow/af: url \"https://x\" must start with http://",
+            "target airflow/af: url \"ftp://x\" must start with http:// or https://",
             "target command/c: `argv` is required",
             "target command/c: `max_attempts` must be at least 1",
             "target webhook/w: `deadline_ms` must exceed",
