@@ -764,11 +764,12 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
         }
     }
     // The state-updater folds what the ingester emits (as in production).
+    let folder_admin = format!("127.0.0.1:{}", free_port());
     let mut folder = Command::new(service_binary("sluice-state-updater"))
         .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
         .env("SLUICE_TOPIC_PREFIX", &names.prefix)
         .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
-        .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("SLUICE_ADMIN_ADDR", &folder_admin)
         .env("SLUICE_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -857,6 +858,25 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
     .into_iter()
     .collect();
     assert_eq!(commits, want_counts);
+    // Each commit counted once, under the path whose copy came first: the
+    // poll for all but (perhaps) the pushed one.
+    let metrics = reqwest::get(format!("http://{folder_admin}/metrics"))
+        .await
+        .expect("state-updater metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let folded = |source: &str| -> i64 {
+        let series = format!("sluice_state_commits_first_seen_total{{source=\"{source}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0, |v| v.trim().parse().expect("a count"))
+    };
+    let (by_poll, by_push) = (folded("poll"), folded("push"));
+    println!("folded first by poll {by_poll}, by push {by_push}");
+    assert_eq!(by_poll + by_push, want_counts.values().sum::<i64>());
+    assert!(by_push <= 1, "only one commit was pushed");
 
     // A restart resumes at the folded positions: no history emitted again.
     drop(ing);

@@ -65,6 +65,18 @@ pub enum EventSource {
     Cdc,
 }
 
+impl EventSource {
+    /// The metric label of the source.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventSource::Push => "push",
+            EventSource::KafkaHook => "kafka_hook",
+            EventSource::Poll => "poll",
+            EventSource::Cdc => "cdc",
+        }
+    }
+}
+
 /// Result of a data-quality check on one snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

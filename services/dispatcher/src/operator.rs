@@ -46,55 +46,48 @@ pub enum SettleError {
     NotFound(String),
     #[error("job {key} is {status}, not UNKNOWN: only an UNKNOWN job is settled by hand")]
     NotUnknown { key: String, status: String },
-    #[error("job {0} kept moving while it was being settled (reconciles under way); try again")]
-    Moved(String),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 }
 
 /// Settles one UNKNOWN job; returns its new revision.
+///
+/// One statement guarded by the status alone: the operator states what became of an
+/// UNKNOWN job, whoever holds its reconcile lease. The revision bump fences that
+/// holder: its late result names the old revision and is refused.
 pub async fn settle(
     pool: &PgPool,
     trigger_key: &str,
     how: Settle,
     why: &str,
 ) -> Result<i64, SettleError> {
-    // A reconcile look leases the job (a revision bump, status unchanged): then the
-    // job is read again and the settle tried again; a real transition ends it.
-    for _ in 0..20 {
-        let row: Option<(String, i64)> =
-            sqlx::query_as("SELECT status, revision FROM jobs WHERE trigger_key = $1")
-                .bind(trigger_key)
-                .fetch_optional(pool)
-                .await?;
-        let Some((status, revision)) = row else {
-            return Err(SettleError::NotFound(trigger_key.to_owned()));
-        };
-        if status != Status::Unknown.as_str() {
-            return Err(SettleError::NotUnknown {
-                key: trigger_key.to_owned(),
-                status,
-            });
-        }
-        let settled: Option<i64> = sqlx::query_scalar(
-            r#"
+    let settled: Option<i64> = sqlx::query_scalar(
+        r#"
 UPDATE jobs SET status = $1, revision = revision + 1, reason = $2, next_attempt_at = now(),
        lease_owner = NULL, lease_until = NULL, updated_at = now()
-WHERE trigger_key = $3 AND revision = $4 AND status = 'UNKNOWN'
+WHERE trigger_key = $3 AND status = 'UNKNOWN'
 RETURNING revision"#,
-        )
-        .bind(how.status().as_str())
-        .bind(format!("settled by an operator: {why}"))
-        .bind(trigger_key)
-        .bind(revision)
-        .fetch_optional(pool)
-        .await?;
-        if let Some(revision) = settled {
-            return Ok(revision);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    )
+    .bind(how.status().as_str())
+    .bind(format!("settled by an operator: {why}"))
+    .bind(trigger_key)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(revision) = settled {
+        return Ok(revision);
     }
-    Err(SettleError::Moved(trigger_key.to_owned()))
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM jobs WHERE trigger_key = $1")
+            .bind(trigger_key)
+            .fetch_optional(pool)
+            .await?;
+    Err(match status {
+        None => SettleError::NotFound(trigger_key.to_owned()),
+        Some(status) => SettleError::NotUnknown {
+            key: trigger_key.to_owned(),
+            status,
+        },
+    })
 }
 
 /// An UNKNOWN job as an operator sees it.

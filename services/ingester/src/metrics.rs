@@ -4,7 +4,6 @@ pub const ACCEPTED_TOTAL: &str = "sluice_ingester_http_accepted_total";
 pub const HTTP_REJECTED_TOTAL: &str = "sluice_ingester_http_rejected_total";
 pub const HOOK_EVENTS_TOTAL: &str = "sluice_ingester_hook_events_total";
 pub const POLL_EMITTED_TOTAL: &str = "sluice_ingester_poll_emitted_total";
-pub const POLL_FOUND_FIRST_TOTAL: &str = "sluice_ingester_poll_found_first_total";
 pub const POLL_ERRORS_TOTAL: &str = "sluice_ingester_poll_errors_total";
 
 pub fn describe() {
@@ -19,11 +18,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         POLL_EMITTED_TOTAL,
-        "Events a metadata poller emitted, by format"
-    );
-    metrics::describe_counter!(
-        POLL_FOUND_FIRST_TOTAL,
-        "Commits a poller found before any push reported them (push missed or late)"
+        "Events a metadata poller emitted (the state did not hold them when it polled), by format"
     );
     metrics::describe_counter!(
         POLL_ERRORS_TOTAL,

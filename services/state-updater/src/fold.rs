@@ -104,7 +104,15 @@ impl Processor for Fold {
                     partition: input.partition,
                 })
         });
-        match entry.state.apply(&event) {
+        let commits_before = entry.state.commit_count;
+        let outcome = entry.state.apply(&event);
+        if entry.state.commit_count > commits_before {
+            // Copies of one commit (push, poll, …) count it once: the first to
+            // arrive is the path that saw it first.
+            metrics::counter!(m::COMMITS_FIRST_SEEN_TOTAL, "source" => event.source.as_str())
+                .increment(1);
+        }
+        match outcome {
             FoldOutcome::Unchanged(why) => {
                 metrics::counter!(m::EVENTS_UNCHANGED_TOTAL, "reason" => why.as_str()).increment(1);
                 if why == Stale::WrongAsset {
@@ -118,6 +126,7 @@ impl Processor for Fold {
             FoldOutcome::Changed => {
                 entry.revision += 1;
                 metrics::counter!(m::STATES_PUBLISHED_TOTAL).increment(1);
+
                 let record = StateRecord::new(&entry.state, entry.revision);
                 let bytes = runtime
                     .block_on(codec.encode(SchemaName::AssetState, state_topic, &record))

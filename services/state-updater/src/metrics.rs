@@ -2,6 +2,7 @@
 
 pub const STATES_PUBLISHED_TOTAL: &str = "sluice_state_updates_published_total";
 pub const EVENTS_UNCHANGED_TOTAL: &str = "sluice_state_events_unchanged_total";
+pub const COMMITS_FIRST_SEEN_TOTAL: &str = "sluice_state_commits_first_seen_total";
 pub const ASSETS: &str = "sluice_state_assets";
 pub const RESTORED_RECORDS_TOTAL: &str = "sluice_state_restored_records_total";
 pub const RESTORE_SECONDS: &str = "sluice_state_restore_seconds";
@@ -14,6 +15,11 @@ pub fn describe() {
     metrics::describe_counter!(
         EVENTS_UNCHANGED_TOTAL,
         "Events that changed nothing, by reason (duplicate, not_newer, too_late)"
+    );
+    metrics::describe_counter!(
+        COMMITS_FIRST_SEEN_TOTAL,
+        "Commits counted, by the path whose copy reached the fold first (push, kafka_hook, cdc, \
+         poll: source=\"poll\" is what a poll found before any push)"
     );
     metrics::describe_gauge!(ASSETS, "Assets held by this instance");
     metrics::describe_counter!(

@@ -8,7 +8,10 @@
 //! history), or what this poller emitted since, if newer. The seed's heartbeat
 //! rule: a table whose state has not advanced for `push_timeout_ms` is polled now;
 //! otherwise every `interval_ms`. A snapshot a poll emits that the state did not
-//! yet hold counts in `sluice_ingester_poll_found_first_total`.
+//! yet hold counts in `sluice_ingester_poll_emitted_total`; whether push had only
+//! lagged or missed it, the fold tells: the first copy of a commit to reach it is
+//! counted in `sluice_state_commits_first_seen_total` by source, so `source="poll"` is
+//! what a poll found first.
 
 pub mod formats;
 pub mod object;
@@ -329,10 +332,9 @@ impl Poller {
             Ok(()) => {
                 let newest = emit.last().map(|s| s.sequence);
                 p.emitted_through = newest.max(p.emitted_through);
+                // The state had none of them when the poll began: push missed them or
+                // lags (which one the fold tells: sluice_state_commits_first_seen_total).
                 metrics::counter!(m::POLL_EMITTED_TOTAL, "format" => format)
-                    .increment(events.len() as u64);
-                // The state had none of them when the poll began: push missed them (or lags).
-                metrics::counter!(m::POLL_FOUND_FIRST_TOTAL, "format" => format)
                     .increment(events.len() as u64);
                 tracing::info!(asset = %t.asset, events = events.len(), through = ?newest, "poll found commits push had not reported");
             }
