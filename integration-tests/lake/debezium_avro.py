@@ -4,7 +4,7 @@ Confluent's own serializer (confluent-kafka for Python) registers the Envelope a
 Key schemas under <topic>-value / <topic>-key (TopicNameStrategy) and frames each
 record as 0x00 | schema id (4 bytes) | Avro binary.
 
-    python debezium_avro.py <bootstrap> <topic> <registry url>
+    python debezium_avro.py <bootstrap> <topic> <registry url> [N]
 
 The schemas are those the connector derives for the table
 
@@ -18,9 +18,12 @@ TIMESTAMPTZ is an io.debezium.time.ZonedTimestamp string). Records, in order
 (offsets 0..): a snapshot read, an insert with every optional column, the delete
 of the first row, its tombstone, then three bad ones: an unknown schema id, a
 datum cut short, a row whose format is not a table format. Prints nothing.
+With N (the benchmark): N inserts instead, over 10,000 assets, spread over the
+topic's partitions by key; prints the records/s it produced.
 """
 import json
 import sys
+import time
 
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -155,5 +158,28 @@ def main(bootstrap, topic, registry):
         sys.exit("records not delivered")
 
 
+def bench(bootstrap, topic, registry, n):
+    sr = SchemaRegistryClient({"url": registry})
+    value = AvroSerializer(sr, json.dumps(ENVELOPE))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    started = time.monotonic()
+    for i in range(n):
+        asset = f"lake.bench.t{i % 10_000:05}"
+        bytes_ = value(envelope("c", None, row(i, asset, "paimon", i), i), ctx)
+        while True:
+            try:
+                p.produce(topic, key=asset.encode(), value=bytes_)
+                break
+            except BufferError:
+                p.poll(0.05)
+    if p.flush(120) != 0:
+        sys.exit("records not delivered")
+    print(f"{n / (time.monotonic() - started):.0f}", flush=True)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    if len(sys.argv) > 4:
+        bench(*sys.argv[1:4], int(sys.argv[4]))
+    else:
+        main(*sys.argv[1:4])

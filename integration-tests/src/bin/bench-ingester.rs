@@ -1,12 +1,14 @@
 //! Ingester benchmark (real broker, measured in the same run): accepted HTTP
 //! commits/s — one commit per request at 64 concurrent requests, and batches of 500
-//! — and Kafka commit-hook events/s through the exactly-once loop, beside the raw
-//! produce rate of the same events and the raw consume of the hook topic.
+//! — and Kafka commit-hook events/s through the exactly-once loop (JSON notices, and
+//! Debezium Avro change events read through a schema registry), beside the raw
+//! produce rate of the same events and the raw consume of each hook topic.
 //!
-//!   eval "$(compose/stack.sh env)"; cargo run --release -p sluice-integration-tests --bin bench-ingester -- [single] [batched] [hook]
+//!   eval "$(compose/stack.sh env)"; cargo run --release -p sluice-integration-tests --bin bench-ingester -- [single] [batched] [hook] [cdc]
 //!
 //! Defaults: 20,000 single-commit requests, 200,000 commits in batches, 200,000
-//! hook records. The ingester runs in process; clients share its two cores.
+//! JSON hook records, 100,000 Debezium Avro records (written by confluent-kafka from
+//! the lake venv, `compose/ensure-venv.sh`; the registry is the test stand-in). The ingester runs in process; clients share its two cores.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -27,7 +29,8 @@ fn notice(i: usize) -> serde_json::Value {
         "snapshot_id": i, "sequence": i, "commit_time_ms": 1_700_000_000_000i64 + i as i64})
 }
 
-fn options(names: &TopicNames, http: u16, hook: Option<&str>) -> sluice_ingester::Options {
+/// `hooks`: the `SLUICE_HOOK_TOPICS` JSON, if any.
+fn options(names: &TopicNames, http: u16, hooks: Option<String>) -> sluice_ingester::Options {
     let mut env: BTreeMap<String, String> = [
         (
             "SLUICE_KAFKA_BOOTSTRAP",
@@ -45,11 +48,8 @@ fn options(names: &TopicNames, http: u16, hook: Option<&str>) -> sluice_ingester
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    if let Some(topic) = hook {
-        env.insert(
-            "SLUICE_HOOK_TOPICS".into(),
-            format!(r#"[{{"topic": "{topic}", "format": "json"}}]"#),
-        );
+    if let Some(hooks) = hooks {
+        env.insert("SLUICE_HOOK_TOPICS".into(), hooks);
     }
     sluice_ingester::Options::read(Env::from_map(env)).expect("options")
 }
@@ -131,8 +131,8 @@ async fn http(single: usize, batched: usize) -> (f64, f64) {
     (single_rate, batched_rate)
 }
 
-async fn hook(n: usize) -> (f64, f64) {
-    let names = TopicNames::with_prefix(&format!("{}.", unique("bh")), PARTITIONS);
+/// JSON commit notices on a hook topic.
+async fn json_hook(n: usize) -> (f64, f64) {
     let topic = create_topic(PARTITIONS).await;
     let records: Vec<(String, Vec<u8>)> = (0..n)
         .map(|i| {
@@ -144,16 +144,56 @@ async fn hook(n: usize) -> (f64, f64) {
         })
         .collect();
     produce_all(&topic, &records);
-    let (read, secs) = raw_consume(&topic, PARTITIONS);
+    let hooks = format!(r#"[{{"topic": "{topic}", "format": "json"}}]"#);
+    hook(&topic, n, hooks).await
+}
+
+/// Debezium Avro change events written by Confluent's serializer through the
+/// registry stand-in (`lake/debezium_avro.py`); returns (loop, raw consume, Python
+/// produce) rates.
+async fn debezium_avro_hook(n: usize) -> (f64, f64, f64) {
+    let topic = create_topic(PARTITIONS).await;
+    let registry = sluice_integration_tests::registry::StandIn::default();
+    let url = registry.listen(0).await;
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/debezium_avro.py");
+    let (t, u) = (topic.clone(), url.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(sluice_integration_tests::venv_bin("lake", "python"))
+            .arg(script)
+            .args([sluice_integration_tests::bootstrap(), t, u, n.to_string()])
+            .output()
+    })
+    .await
+    .expect("join")
+    .expect("run debezium_avro.py");
+    assert!(
+        out.status.success(),
+        "debezium_avro.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let produced: f64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a rate");
+    let hooks =
+        format!(r#"[{{"topic": "{topic}", "format": "debezium", "schema_registry": "{url}"}}]"#);
+    let (rate, raw) = hook(&topic, n, hooks).await;
+    (rate, raw, produced)
+}
+
+/// Runs the ingester over a filled hook topic until its group committed all `n`.
+async fn hook(topic: &str, n: usize, hooks: String) -> (f64, f64) {
+    let names = TopicNames::with_prefix(&format!("{}.", unique("bh")), PARTITIONS);
+    let (read, secs) = raw_consume(topic, PARTITIONS);
     let raw = read as f64 / secs;
     let shutdown = Shutdown::new();
-    let opts = options(&names, free_port(), Some(&topic));
+    let opts = options(&names, free_port(), Some(hooks));
     let group = opts.group_id.clone();
     let started = Instant::now();
     let service = tokio::spawn(sluice_ingester::run(opts, shutdown.clone()));
     loop {
         let done = tokio::task::spawn_blocking({
-            let (g, t) = (group.clone(), topic.clone());
+            let (g, t) = (group.clone(), topic.to_owned());
             move || committed_total(&g, &t, PARTITIONS).unwrap_or(0)
         })
         .await
@@ -181,6 +221,7 @@ async fn main() {
     let single = args.next().unwrap_or(20_000);
     let batched = args.next().unwrap_or(200_000);
     let hook_n = args.next().unwrap_or(200_000);
+    let cdc_n = args.next().unwrap_or(100_000);
 
     // The raw broker reference: the same events, encoded, produced as fast as it goes.
     let codec = Codec::new(None);
@@ -203,7 +244,8 @@ async fn main() {
     }
     let raw_produce = produce_all(&topic, &records);
     let (single_rate, batched_rate) = http(single, batched).await;
-    let (hook_rate, raw_consume_rate) = hook(hook_n).await;
+    let (hook_rate, raw_consume_rate) = json_hook(hook_n).await;
+    let (cdc_rate, cdc_raw, cdc_produced) = debezium_avro_hook(cdc_n).await;
     println!("raw produce of encoded AssetEvents (idempotent, acks=all): {raw_produce:>10.0} /s");
     println!(
         "HTTP, 1 commit per request, 64 concurrent ({single}):     {single_rate:>10.0} /s  {:.3}x raw produce",
@@ -219,5 +261,13 @@ async fn main() {
     println!(
         "hook topic → asset-events, exactly once ({hook_n}):         {hook_rate:>10.0} /s  {:.3}x raw consume",
         hook_rate / raw_consume_rate
+    );
+    println!(
+        "Debezium Avro produced by confluent-kafka (Python) ({cdc_n}): {cdc_produced:>10.0} /s"
+    );
+    println!("raw read_committed consume of the CDC topic ({cdc_n}):     {cdc_raw:>10.0} /s");
+    println!(
+        "Debezium Avro → asset-events, exactly once ({cdc_n}):       {cdc_rate:>10.0} /s  {:.3}x raw consume",
+        cdc_rate / cdc_raw
     );
 }
