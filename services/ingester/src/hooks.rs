@@ -93,6 +93,10 @@ fn d_time() -> String {
     "commit_time_ms".into()
 }
 
+/// The mapping of a debezium topic that names none.
+static DEFAULT_MAPPING: std::sync::LazyLock<CdcMapping> =
+    std::sync::LazyLock::new(CdcMapping::default);
+
 impl Default for CdcMapping {
     fn default() -> Self {
         serde_json::from_str("{}").expect("all defaults")
@@ -333,7 +337,7 @@ impl Hooks {
                 Ok(vec![event])
             }
             HookFormat::Debezium => {
-                let map = hook.mapping.clone().unwrap_or_default();
+                let map = hook.mapping.as_ref().unwrap_or(&DEFAULT_MAPPING);
                 let change = match input.payload {
                     Some([CONFLUENT_MAGIC, ..]) => {
                         let reader = self.cdc_avro.get(input.topic).ok_or_else(|| {
@@ -348,9 +352,9 @@ impl Hooks {
                             .runtime
                             .block_on(reader.read_json(payload()?))
                             .map_err(|e| ProcessError::undecodable(&e))?;
-                        debezium_envelope(&envelope, &map)
+                        debezium_envelope(&envelope, map)
                     }
-                    json => debezium(json, &map),
+                    json => debezium(json, map),
                 };
                 match change.map_err(poison)? {
                     Change::Tombstone => Ok(Vec::new()),
