@@ -256,18 +256,32 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
             }
         }
     });
-    let (a, b, p) = tokio::join!(
-        tokio::spawn(intake.run(shutdown.clone())),
-        tokio::spawn(dispatcher.run(shutdown.clone())),
-        tokio::spawn(publisher.run(shutdown.clone())),
-    );
+    let mut loops = tokio::task::JoinSet::new();
+    loops.spawn(intake.run(shutdown.clone()));
+    loops.spawn(dispatcher.run(shutdown.clone()));
+    loops.spawn(publisher.run(shutdown.clone()));
+    // The loops end only together: one that ended on its own (an error, a panic)
+    // stops the others, so the process exits instead of living on half-dead.
+    let mut outcome = Ok(());
+    while let Some(ended) = loops.join_next().await {
+        if !shutdown.is_stopping() {
+            tracing::error!("a dispatcher loop ended on its own; stopping the service");
+            shutdown.trigger();
+            if outcome.is_ok() {
+                outcome = Err(Error::Loop("a dispatcher loop ended on its own".into()));
+            }
+        }
+        if let Err(e) = ended
+            .map_err(|e| Error::Loop(e.to_string()))
+            .and_then(|r| r.map_err(Error::Loop))
+        {
+            tracing::error!(error = %e, "dispatcher loop failed");
+            outcome = Err(e);
+        }
+    }
     beat.abort();
     health.set_stopping();
     let _ = started.admin_task.await;
     pool.close().await;
-    for r in [a, b, p] {
-        r.map_err(|e| Error::Loop(e.to_string()))?
-            .map_err(Error::Loop)?;
-    }
-    Ok(())
+    outcome
 }
