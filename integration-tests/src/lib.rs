@@ -52,6 +52,26 @@ pub async fn fresh_database() -> String {
 /// An executable of the test venv `.stack/<name>-venv` (made by
 /// `compose/ensure-venv.sh`, which `compose/test.sh` runs); `SLUICE_TEST_<NAME>_VENV`
 /// points elsewhere.
+/// Runs `integration-tests/lake/<script>` with the lake venv's Python; panics with
+/// its stderr unless it succeeds; returns its stdout. (Blocking: async callers wrap
+/// it in `spawn_blocking` when the test serves something the script calls.)
+pub fn lake_script(script: &str, args: &[String]) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("lake")
+        .join(script);
+    let out = std::process::Command::new(venv_bin("lake", "python"))
+        .arg(path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn venv_bin(name: &str, program: &str) -> PathBuf {
     let var = format!("SLUICE_TEST_{}_VENV", name.to_ascii_uppercase());
     let venv = std::env::var_os(&var)

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use sluice_core::{AssetEvent, AssetKey, EventId, EventKind, EventSource, Operation, TableFormat};
 use sluice_integration_tests::registry::StandIn;
 use sluice_integration_tests::{
-    ReadRecord, bootstrap, create_topic, free_port, fresh_topics, kafka, read_records,
+    ReadRecord, bootstrap, create_topic, free_port, fresh_topics, kafka, lake_script, read_records,
     service_binary, unique, venv_bin,
 };
 use sluice_kit::topics::{Topic, TopicNames};
@@ -495,22 +495,10 @@ async fn debezium_avro_through_a_schema_registry_whose_outage_is_waited_out() {
     let cdc_t = create_topic(1).await;
     let registry = StandIn::default();
     let url = registry.listen(0).await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/debezium_avro.py");
-    let (topic, at) = (cdc_t.clone(), url.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(lake_python())
-            .arg(script)
-            .args([bootstrap(), topic, at])
-            .output()
-    })
-    .await
-    .expect("join")
-    .expect("run the Avro producer");
-    assert!(
-        out.status.success(),
-        "debezium_avro.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = [bootstrap(), cdc_t.clone(), url.clone()];
+    tokio::task::spawn_blocking(move || lake_script("debezium_avro.py", &args))
+        .await
+        .expect("join");
     let mut subjects = registry.subjects();
     subjects.sort();
     assert_eq!(subjects, [format!("{cdc_t}-key"), format!("{cdc_t}-value")]);
@@ -634,26 +622,19 @@ fn commit(
     table: &str,
     commits: usize,
 ) -> (PathBuf, Vec<(i64, i64)>) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/commit.py");
-    let out = Command::new(lake_python())
-        .arg(script)
-        .args([
-            format,
-            &warehouse.display().to_string(),
-            "ods",
-            table,
-            &commits.to_string(),
-        ])
-        .output()
-        .expect("run the lake writer");
-    assert!(
-        out.status.success(),
-        "{format} writer: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = lake_script(
+        "commit.py",
+        &[
+            format.to_owned(),
+            warehouse.display().to_string(),
+            "ods".to_owned(),
+            table.to_owned(),
+            commits.to_string(),
+        ],
     );
     let mut path = PathBuf::new();
     let mut snaps = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let v: Value = serde_json::from_str(line).expect("writer output");
         path = PathBuf::from(v["path"].as_str().expect("path"));
         snaps.push((
@@ -693,7 +674,6 @@ fn hudi_1x(dir: &Path) -> Vec<i64> {
     let t = dir.join(".hoodie/timeline");
     std::fs::create_dir_all(&t).expect("dir");
     std::fs::write(dir.join(".hoodie/hoodie.properties"), "hoodie.table.name=hudi_events\nhoodie.table.type=MERGE_ON_READ\nhoodie.timeline.layout.version=2\nhoodie.table.version=8\n").expect("w");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/hudi_avro.py");
     // An upsert, then a clustering (a replacecommit whose metadata says "cluster").
     for (instant, completed, action, op) in [
         (
@@ -712,16 +692,9 @@ fn hudi_1x(dir: &Path) -> Vec<i64> {
         std::fs::write(t.join(format!("{instant}.{action}.requested")), "").expect("w");
         std::fs::write(t.join(format!("{instant}.{action}.inflight")), "").expect("w");
         let file = t.join(format!("{instant}_{completed}.{action}"));
-        let out = Command::new(lake_python())
-            .arg(&script)
-            .arg(&file)
-            .args([action, op])
-            .output()
-            .expect("run hudi_avro.py");
-        assert!(
-            out.status.success(),
-            "hudi_avro.py: {}",
-            String::from_utf8_lossy(&out.stderr)
+        lake_script(
+            "hudi_avro.py",
+            &[file.display().to_string(), action.to_owned(), op.to_owned()],
         );
     }
     vec![20241201100000000, 20241201110000000]

@@ -155,26 +155,18 @@ async fn debezium_avro_hook(n: usize) -> (f64, f64, f64) {
     let topic = create_topic(PARTITIONS).await;
     let registry = sluice_integration_tests::registry::StandIn::default();
     let url = registry.listen(0).await;
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/debezium_avro.py");
-    let (t, u) = (topic.clone(), url.clone());
+    let args = [
+        sluice_integration_tests::bootstrap(),
+        topic.clone(),
+        url.clone(),
+        n.to_string(),
+    ];
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(sluice_integration_tests::venv_bin("lake", "python"))
-            .arg(script)
-            .args([sluice_integration_tests::bootstrap(), t, u, n.to_string()])
-            .output()
+        sluice_integration_tests::lake_script("debezium_avro.py", &args)
     })
     .await
-    .expect("join")
-    .expect("run debezium_avro.py");
-    assert!(
-        out.status.success(),
-        "debezium_avro.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let produced: f64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("a rate");
+    .expect("join");
+    let produced: f64 = out.trim().parse().expect("a rate");
     let hooks =
         format!(r#"[{{"topic": "{topic}", "format": "debezium", "schema_registry": "{url}"}}]"#);
     let (rate, raw) = hook(&topic, n, hooks).await;

@@ -102,11 +102,10 @@ pub struct Registry {
 impl Codec {
     /// The registry codec when a URL is given, single-object encoding otherwise.
     pub fn new(registry_url: Option<&str>) -> Codec {
-        // A corrupt length prefix must not make the decoder allocate gigabytes.
-        apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
+        limit_allocations();
         match registry_url {
             Some(url) => {
-                let settings = SrSettings::new(url.trim_end_matches('/').to_owned());
+                let settings = registry_settings(url);
                 Codec::Registry(Box::new(Registry {
                     encoder: AvroEncoder::new(settings.clone()),
                     decoder: AvroDecoder::new(settings),
@@ -177,11 +176,9 @@ pub struct ForeignAvro {
 
 impl ForeignAvro {
     pub fn new(registry_url: &str) -> ForeignAvro {
-        apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
+        limit_allocations();
         ForeignAvro {
-            decoder: AvroDecoder::new(SrSettings::new(
-                registry_url.trim_end_matches('/').to_owned(),
-            )),
+            decoder: AvroDecoder::new(registry_settings(registry_url)),
         }
     }
 
@@ -201,6 +198,15 @@ impl ForeignAvro {
             message: e.to_string(),
         })
     }
+}
+
+/// A corrupt length prefix must not make the decoder allocate gigabytes.
+fn limit_allocations() {
+    apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
+}
+
+fn registry_settings(url: &str) -> SrSettings {
+    SrSettings::new(url.trim_end_matches('/').to_owned())
 }
 
 fn registry_error(e: schema_registry_converter::error::SRCError) -> CodecError {
