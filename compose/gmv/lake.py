@@ -16,9 +16,13 @@ TABLES = {
 }
 
 
+CATALOG_NAME = "gmv"
+CATALOG_URI = "sqlite:///{warehouse}/catalog.db"
+
+
 def catalog(warehouse):
     os.makedirs(warehouse, exist_ok=True)
-    return SqlCatalog("gmv", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+    return SqlCatalog(CATALOG_NAME, uri=CATALOG_URI.format(warehouse=warehouse), warehouse=f"file://{warehouse}")
 
 
 def create_all(warehouse):

@@ -14,7 +14,10 @@ import lake
 
 warehouse, python, layer = sys.argv[1:4]
 paths = lake.create_all(warehouse)
+# The poller reads each table's current metadata from the SQL catalog's pointer.
+catalog = {"kind": "sql", "uri": lake.CATALOG_URI.format(warehouse=warehouse), "name": lake.CATALOG_NAME}
 tables = [{"asset": lake.asset(ident), "format": "iceberg", "path": path,
+           "catalog": {**catalog, "table": ident},
            "interval_ms": 1000, "push_timeout_ms": 1000, "start": "earliest"}
           for ident, path in paths.items()]
 targets = [{"kind": "command", "name": name, "argv": [python, layer, warehouse, "{target_name}"],

@@ -85,7 +85,12 @@ impl Pipeline {
                 "SLUICE_LOG",
                 std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "warn".into()),
             )
-            .stdout(Stdio::null())
+            // Services log to stdout: shown only when SLUICE_TEST_SERVICE_LOG asks for logs.
+            .stdout(if std::env::var_os("SLUICE_TEST_SERVICE_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::inherit());
         for (k, v) in self.env.get(service).into_iter().flatten() {
             cmd.env(k, v);

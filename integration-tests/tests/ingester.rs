@@ -710,8 +710,12 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
     let (h0, h1) = (root.join("hudi0"), root.join("hudi1"));
     let (h0_seqs, h1_seqs) = (hudi_0x(&h0), hudi_1x(&h1));
     let table = |asset: &str, format: &str, path: &Path| json!({"asset": asset, "format": format, "path": path, "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"});
+    // commit.py's pyiceberg SQL catalog: the poller follows its metadata_location.
+    let mut orders = table("lake.ods.orders", "iceberg", &ice);
+    orders["catalog"] = json!({"kind": "sql", "name": "sluice", "table": "ods.orders",
+        "uri": format!("sqlite:///{}/catalog.db", root.join("iceberg").display())});
     let tables = json!([
-        table("lake.ods.orders", "iceberg", &ice),
+        orders,
         table("lake.ods.payments", "paimon", &pai),
         table("lake.ods.refunds", "delta", &del),
         table("lake.ods.hudi_orders", "hudi", &h0),
@@ -996,6 +1000,12 @@ async fn pollers_read_tables_on_an_s3_compatible_store() {
     s3.upload(&pai, "lake", "warehouse/ods.db/payments");
     s3.upload(&del, "lake", "warehouse/ods/refunds");
     let table = |asset: &str, format: &str, url: &str| json!({"asset": asset, "format": format, "path": url, "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"});
+    let mut missing = table(
+        "lake.ods.missing",
+        "iceberg",
+        "s3://lake/warehouse/ods/missing",
+    );
+    missing["catalog"] = json!({"kind": "hadoop"});
     let tables = json!([
         table(
             "lake.ods.payments",
@@ -1007,11 +1017,7 @@ async fn pollers_read_tables_on_an_s3_compatible_store() {
             "delta",
             "s3://lake/warehouse/ods/refunds"
         ),
-        table(
-            "lake.ods.missing",
-            "iceberg",
-            "s3://lake/warehouse/ods/missing"
-        ),
+        missing,
     ])
     .to_string();
     let env = [
@@ -1061,4 +1067,296 @@ async fn pollers_read_tables_on_an_s3_compatible_store() {
         "{metrics}"
     );
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// One call of `lake/iceberg_catalog.py` (pyiceberg, SQL catalog on SQLite): its JSON line.
+fn ice(warehouse: &Path, table: &str, action: &str, args: &[&str]) -> Value {
+    let mut argv = vec![
+        warehouse.display().to_string(),
+        table.to_owned(),
+        action.to_owned(),
+    ];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    let out = lake_script("iceberg_catalog.py", &argv);
+    serde_json::from_str(out.lines().last().expect("a line")).expect("json line")
+}
+
+/// A stand-in for an Iceberg REST catalog (none can run here), answering the two
+/// calls of the spec the poller makes: `GET /v1/config` (with a prefix override)
+/// and loadTable, `GET /v1/{prefix}/namespaces/{ns}/tables/{table}` → the
+/// LoadTableResult of the table's current metadata file; 404 with the spec's
+/// ErrorModel for another table, 500 while `failing`.
+#[derive(Clone, Default)]
+struct RestCatalog {
+    /// (namespace, table) → metadata location.
+    tables: std::sync::Arc<std::sync::Mutex<BTreeMap<(String, String), String>>>,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RestCatalog {
+    async fn serve(&self) -> String {
+        use axum::extract::{Path as UrlPath, State};
+        use axum::http::StatusCode;
+        use axum::routing::get;
+        async fn config() -> axum::Json<Value> {
+            axum::Json(json!({"defaults": {}, "overrides": {"prefix": "ws"}}))
+        }
+        async fn load(
+            State(c): State<RestCatalog>,
+            UrlPath((prefix, ns, table)): UrlPath<(String, String, String)>,
+        ) -> (StatusCode, axum::Json<Value>) {
+            let error = |code: StatusCode, kind: &str, msg: &str| {
+                (
+                    code,
+                    axum::Json(
+                        json!({"error": {"message": msg, "type": kind, "code": code.as_u16()}}),
+                    ),
+                )
+            };
+            if c.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "ServerError",
+                    "stand-in outage",
+                );
+            }
+            let location = c.tables.lock().expect("lock").get(&(ns, table)).cloned();
+            match location {
+                Some(loc) if prefix == "ws" => {
+                    let text = std::fs::read_to_string(loc.trim_start_matches("file://"))
+                        .expect("metadata file");
+                    let metadata: Value = serde_json::from_str(&text).expect("metadata json");
+                    (
+                        StatusCode::OK,
+                        axum::Json(json!({"metadata-location": loc, "metadata": metadata})),
+                    )
+                }
+                _ => error(
+                    StatusCode::NOT_FOUND,
+                    "NoSuchTableException",
+                    "Table does not exist",
+                ),
+            }
+        }
+        let app = axum::Router::new()
+            .route("/v1/config", get(config))
+            .route("/v1/{prefix}/namespaces/{ns}/tables/{table}", get(load))
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+}
+
+fn poll_errors(metrics: &str) -> i64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_ingester_poll_errors_total{format=\"ICEBERG\"} "))
+        .map_or(0, |v| v.trim().parse().expect("a count"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iceberg_polls_read_only_what_the_catalog_committed() {
+    let names = topics_for("ice").await;
+    let w = std::env::temp_dir().join(unique("ice"));
+    let rest = RestCatalog::default();
+    let rest_url = rest.serve().await;
+    let uri = format!("sqlite:///{}/catalog.db", w.display());
+    let sql = |t: &str| json!({"kind": "sql", "uri": uri, "name": "it", "table": t});
+    let created = ice(&w, "ods.orders", "create", &["v2"]);
+    let path = created["path"].as_str().expect("path").to_owned();
+    let v1_path = ice(&w, "ods.v1", "create", &["v1"])["path"]
+        .as_str()
+        .expect("path")
+        .to_owned();
+    ice(&w, "ods.broken", "create", &["v2"]);
+    ice(
+        &w,
+        "ods.broken",
+        "point-to",
+        &["file:///nowhere/metadata/00009-x.metadata.json"],
+    );
+    let first = ice(&w, "ods.orders", "append", &["2024-12-01"]);
+    let v1a = ice(&w, "ods.v1", "append", &["a"]);
+    let v1b = ice(&w, "ods.v1", "append", &["b"]);
+    let set_rest = |m: &Value| {
+        rest.tables.lock().expect("lock").insert(
+            ("ods".into(), "orders".into()),
+            m["metadata"].as_str().expect("location").to_owned(),
+        );
+    };
+    set_rest(&first);
+    let table = |asset: &str, path: &str, catalog: Value| json!({"asset": asset, "format": "iceberg", "path": path, "catalog": catalog, "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"});
+    let mut audit = table("lake.ice.orders_audit", &path, sql("ods.orders"));
+    audit["ref"] = json!("audit");
+    let tables = json!([
+        table("lake.ice.orders", &path, sql("ods.orders")),
+        audit,
+        table(
+            "lake.ice.orders_rest",
+            &path,
+            json!({"kind": "rest", "uri": rest_url, "table": "ods.orders"})
+        ),
+        table("lake.ice.v1", &v1_path, sql("ods.v1")),
+        table("lake.ice.broken", &path, sql("ods.broken")),
+    ])
+    .to_string();
+    let ing = start(&names, "a", &[("SLUICE_POLL_TABLES", tables.as_str())]).await;
+    let commit_id = |asset: &str, m: &Value, seq: &str| {
+        id(
+            asset,
+            m[seq].as_i64().expect("sequence"),
+            m["snapshot_id"].as_i64().expect("snapshot"),
+        )
+    };
+    // Format v1 has no sequence numbers: Sluice's order is timestamp-ms × 1000 (+ rank).
+    let v1_id = |m: &Value| {
+        id(
+            "lake.ice.v1",
+            m["timestamp_ms"].as_i64().expect("ts") * 1000,
+            m["snapshot_id"].as_i64().expect("snapshot"),
+        )
+    };
+    let wait_for = async |ids: &[String]| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let evs = events(&names).await;
+            let got = count_by_id(&evs);
+            if ids.iter().all(|k| got.contains_key(k)) {
+                return evs;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "events {ids:?} not all polled; got {got:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let evs = wait_for(&[
+        commit_id("lake.ice.orders", &first, "sequence"),
+        commit_id("lake.ice.orders_rest", &first, "sequence"),
+        v1_id(&v1a),
+        v1_id(&v1b),
+    ])
+    .await;
+    let e1 = evs
+        .iter()
+        .find(|e| e.asset_key.as_str() == "lake.ice.orders")
+        .expect("event");
+    assert_eq!(
+        e1.partitions,
+        ["dt=2024-12-01"],
+        "partitions from the snapshot summary"
+    );
+
+    // A writer dies after writing its metadata file, before the catalog's swap: the
+    // file holds a snapshot the table never committed.
+    let crashed = ice(&w, "ods.orders", "crash", &["2024-12-02"]);
+    let orphan = crashed["orphan_snapshot_id"].as_i64().expect("orphan id");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The next real commit takes the same sequence number the orphan had.
+    let second = ice(&w, "ods.orders", "append", &["2024-12-03"]);
+    set_rest(&second);
+    assert_eq!(second["sequence"], 2);
+    ice(&w, "ods.orders", "branch", &["audit"]);
+    let on_branch = ice(&w, "ods.orders", "append", &["2024-12-04", "audit"]);
+    let branch_snapshot = on_branch["branch_snapshot_id"].as_i64().expect("id");
+    let expired = ice(&w, "ods.v1", "expire-oldest", &[]);
+    assert_eq!(expired["expired"], v1a["snapshot_id"]);
+    let v1c = ice(&w, "ods.v1", "append", &["c"]);
+    let branch_id = id(
+        "lake.ice.orders_audit",
+        on_branch["branch_sequence"].as_i64().expect("seq"),
+        branch_snapshot,
+    );
+    let evs = wait_for(&[
+        commit_id("lake.ice.orders", &second, "sequence"),
+        commit_id("lake.ice.orders_rest", &second, "sequence"),
+        branch_id.clone(),
+        v1_id(&v1c),
+    ])
+    .await;
+    println!(
+        "iceberg events: {:?}",
+        evs.iter()
+            .map(|e| (e.asset_key.as_str(), e.kind, e.sequence, e.snapshot_id))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        evs.iter().all(|e| e.snapshot_id != orphan),
+        "the uncommitted snapshot {orphan} was never an event"
+    );
+    assert!(
+        !evs.iter()
+            .any(|e| e.asset_key.as_str() == "lake.ice.orders" && e.snapshot_id == branch_snapshot),
+        "a commit to branch audit is not a commit of main"
+    );
+    // The v1 commit after the expiry is newer than both before it, and the expiry
+    // is reported as what it is.
+    let v1_commits: Vec<i64> = evs
+        .iter()
+        .filter(|e| e.asset_key.as_str() == "lake.ice.v1" && e.kind == EventKind::SnapshotCommitted)
+        .map(|e| e.sequence)
+        .collect();
+    assert_eq!(v1_commits.len(), 3, "{v1_commits:?}");
+    assert!(v1_commits.windows(2).all(|w| w[0] < w[1]), "{v1_commits:?}");
+    assert!(evs.iter().any(|e| e.asset_key.as_str() == "lake.ice.v1"
+        && e.kind == EventKind::SnapshotExpired
+        && e.snapshot_id == v1a["snapshot_id"].as_i64().expect("id")));
+
+    // A schema change without a snapshot is emitted as one.
+    let altered = ice(&w, "ods.orders", "add-column", &["note"]);
+    assert_eq!(altered["schema_id"], 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let evs = events(&names).await;
+        let changed = evs.iter().find(|e| {
+            e.asset_key.as_str() == "lake.ice.orders" && e.kind == EventKind::SchemaChanged
+        });
+        if let Some(e) = changed {
+            assert_eq!(e.schema_id, Some(1));
+            break;
+        }
+        assert!(Instant::now() < deadline, "no SCHEMA_CHANGED event");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // Bad catalogs are errors of their poll, never events: a row that points at a
+    // missing file (every poll), a REST catalog answering 500.
+    let metrics = async || {
+        reqwest::get(format!("{}/metrics", ing.admin))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    };
+    let before = poll_errors(&metrics().await);
+    assert!(before > 0, "the broken catalog row is counted");
+    let count = events(&names).await.len();
+    rest.failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    ice(&w, "ods.orders", "append", &["2024-12-05"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = events(&names)
+        .await
+        .into_iter()
+        .filter(|e| e.asset_key.as_str() == "lake.ice.orders_rest")
+        .count();
+    assert!(poll_errors(&metrics().await) > before + 2);
+    assert!(
+        events(&names)
+            .await
+            .iter()
+            .all(|e| e.asset_key.as_str() != "lake.ice.broken"),
+        "nothing from the broken row"
+    );
+    rest.failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    println!("events before the outage {count}; orders_rest events during it {during}");
+    drop(ing);
+    let _ = std::fs::remove_dir_all(&w);
 }

@@ -133,7 +133,32 @@ impl Dispatcher {
     }
 
     /// The one send of a claimed invocation, then its outcome under the invocation's guard.
-    async fn send(&self, target: Target, job: Claimed) {
+    /// Nothing is sent unless the durable record still names this invocation (the
+    /// pre-send check); a job whose check cannot be made is left RUNNING for the
+    /// deadline sweep and the reconcile, never sent blind.
+    pub async fn send(&self, target: Target, job: Claimed) {
+        let mut checked = store::still_claimed(&self.pool, &job, self.epoch).await;
+        let mut delay = Duration::from_millis(100);
+        while checked.is_err() && delay <= Duration::from_secs(2) {
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+            checked = store::still_claimed(&self.pool, &job, self.epoch).await;
+        }
+        match checked {
+            Ok(true) => {}
+            Ok(false) => {
+                metrics::counter!(m::SENDS_WITHHELD_TOTAL, "reason" => "moved").increment(1);
+                tracing::warn!(trigger_key = %job.trigger_key, revision = job.revision,
+                    "job moved since its claim; not sent");
+                return;
+            }
+            Err(e) => {
+                metrics::counter!(m::SENDS_WITHHELD_TOTAL, "reason" => "unchecked").increment(1);
+                tracing::warn!(trigger_key = %job.trigger_key, error = %e,
+                    "pre-send check failed; not sent (the deadline sweep takes the job)");
+                return;
+            }
+        }
         let latency = (now_ms() - job.first_commit_ms).max(0) as f64 / 1000.0;
         metrics::histogram!(m::COMMIT_TO_DISPATCH_SECONDS).record(latency);
         let outcome = self.adapters.send(&target, &job).await;

@@ -4,6 +4,7 @@ pub const TRIGGERS_RECORDED_TOTAL: &str = "sluice_dispatcher_triggers_recorded_t
 pub const TRIGGERS_DUPLICATE_TOTAL: &str = "sluice_dispatcher_triggers_duplicate_total";
 pub const TRIGGERS_DEAD_LETTERED_TOTAL: &str = "sluice_dispatcher_triggers_dead_lettered_total";
 pub const SENDS_TOTAL: &str = "sluice_dispatcher_sends_total";
+pub const SENDS_WITHHELD_TOTAL: &str = "sluice_dispatcher_sends_withheld_total";
 pub const SWEPT_TOTAL: &str = "sluice_dispatcher_deadline_swept_total";
 pub const RECONCILED_TOTAL: &str = "sluice_dispatcher_reconciled_total";
 pub const TRANSITIONS_LOST_TOTAL: &str = "sluice_dispatcher_transitions_lost_total";
@@ -28,6 +29,10 @@ pub fn describe() {
     describe_counter!(
         SENDS_TOTAL,
         "Sends to targets, by kind and outcome (accepted, failed, refused, unknown)"
+    );
+    describe_counter!(
+        SENDS_WITHHELD_TOTAL,
+        "Claimed jobs not sent because the pre-send check found them moved (or could not be made)"
     );
     describe_counter!(SWEPT_TOTAL, "RUNNING jobs past their deadline made UNKNOWN");
     describe_counter!(

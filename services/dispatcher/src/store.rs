@@ -171,7 +171,8 @@ pub struct ClaimLimits {
 
 /// markRunning for up to the target's free capacity: PENDING → RUNNING with a
 /// fresh invocation id, this epoch and a deadline, committed before any send.
-/// The target's advisory lock makes the in-flight cap hold across instances.
+/// The target's advisory lock makes the in-flight cap hold across instances;
+/// RUNNING and UNKNOWN jobs both count against it.
 pub async fn claim(
     pool: &PgPool,
     kind: &str,
@@ -189,7 +190,10 @@ pub async fn claim(
     let sql = concat!(
         r#"
 WITH running AS (
-    SELECT count(*) AS n FROM jobs WHERE status = 'RUNNING' AND target_kind = $1 AND target_name = $2
+    -- An UNKNOWN job may still be running at the target: it holds its slot until
+    -- its outcome is known (settled, reconciled or proven dead).
+    SELECT count(*) AS n FROM jobs
+    WHERE status IN ('RUNNING', 'UNKNOWN') AND target_kind = $1 AND target_name = $2
 ), picked AS (
     SELECT trigger_key FROM jobs
     WHERE status = 'PENDING' AND target_kind = $1 AND target_name = $2 AND next_attempt_at <= now()
@@ -218,6 +222,24 @@ RETURNING "#,
         .await?;
     tx.commit().await?;
     rows.iter().map(claimed).collect()
+}
+
+/// The pre-send check of the Doris dispatcher design: right before the send, the
+/// durable record still says this invocation of this epoch owns the job at the
+/// revision its claim gave it. A sweep, an operator's settle or a peer's lease
+/// that moved the job meanwhile makes the send not happen.
+pub async fn still_claimed(pool: &PgPool, job: &Claimed, epoch: i64) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        r#"
+SELECT EXISTS (SELECT 1 FROM jobs WHERE trigger_key = $1 AND revision = $2 AND status = 'RUNNING'
+                                     AND invocation_id = $3 AND epoch = $4)"#,
+    )
+    .bind(&job.trigger_key)
+    .bind(job.revision)
+    .bind(&job.invocation_id)
+    .bind(epoch)
+    .fetch_one(pool)
+    .await
 }
 
 fn millis(d: Duration) -> i64 {

@@ -16,6 +16,8 @@ pub struct Snapshot {
     pub operation: Operation,
     pub watermark_ms: Option<i64>,
     pub schema_id: Option<i64>,
+    /// The partitions the commit wrote, as `k=v/k2=v2` paths (empty: unknown or unpartitioned).
+    pub partitions: Vec<String>,
     /// e.g. `hudi.action=deltacommit`, `paimon.commit_kind=APPEND`.
     pub attributes: Vec<(String, String)>,
 }
@@ -108,80 +110,23 @@ pub fn scan(
     t: &dyn Tree,
     after: Option<i64>,
 ) -> Result<Vec<Snapshot>, ScanError> {
-    let mut all = match format {
-        TableFormat::Iceberg => iceberg(t)?,
+    let all = match format {
+        // Read through its catalog (`iceberg::current`), then `iceberg::snapshots`.
+        TableFormat::Iceberg => return Err(ScanError::NoTable(t.full(Path::new("")))),
         TableFormat::Paimon => paimon(t, after)?,
         TableFormat::Delta => delta(t, after)?,
         TableFormat::Hudi => hudi(t)?,
         TableFormat::Other => return Err(ScanError::NoTable(t.full(Path::new("")))),
     };
+    Ok(after_position(all, after))
+}
+
+/// The snapshots newer than `after`, oldest first, one per sequence.
+pub fn after_position(mut all: Vec<Snapshot>, after: Option<i64>) -> Vec<Snapshot> {
     all.retain(|s| after.is_none_or(|a| s.sequence > a));
     all.sort_by_key(|s| s.sequence);
     all.dedup_by_key(|s| s.sequence);
-    Ok(all)
-}
-
-// ---- Iceberg: the newest `metadata/*.metadata.json` (the directory scan works for
-// every file-based catalog; `version-hint.text` names it for Hadoop tables).
-
-fn iceberg_version(name: &str) -> Option<i64> {
-    let stem = name.strip_suffix(".metadata.json")?;
-    // `00003-<uuid>.metadata.json` (catalogs) or `v3.metadata.json` (Hadoop tables).
-    let n = stem.strip_prefix('v').unwrap_or(stem);
-    n.split('-').next()?.parse().ok()
-}
-
-fn iceberg(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
-    let dir = PathBuf::from("metadata");
-    let newest = t
-        .list(&dir)?
-        .into_iter()
-        .filter_map(|n| iceberg_version(&n).map(|v| (v, n)))
-        .max()
-        .ok_or_else(|| ScanError::NoTable(t.full(&dir)))?;
-    let path = dir.join(&newest.1);
-    let meta = read_json(t, &path)?;
-    let snapshots = match meta.get("snapshots") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(corrupt(t, &path, "`snapshots` is not an array")),
-    };
-    let mut out = Vec::new();
-    for (i, s) in snapshots.iter().enumerate() {
-        let id = s
-            .get("snapshot-id")
-            .and_then(Value::as_i64)
-            .ok_or_else(|| corrupt(t, &path, format!("snapshots[{i}] has no snapshot-id")))?;
-        let ts = s
-            .get("timestamp-ms")
-            .and_then(Value::as_i64)
-            .ok_or_else(|| corrupt(t, &path, format!("snapshot {id} has no timestamp-ms")))?;
-        // Format v1 has no sequence numbers: the order of the snapshot log stands in.
-        let seq = s
-            .get("sequence-number")
-            .and_then(Value::as_i64)
-            .unwrap_or(i as i64 + 1);
-        let op = s
-            .pointer("/summary/operation")
-            .and_then(Value::as_str)
-            .unwrap_or("append");
-        out.push(Snapshot {
-            snapshot_id: id,
-            sequence: seq,
-            commit_time_ms: ts,
-            operation: match op {
-                "append" => Operation::Append,
-                "overwrite" => Operation::Overwrite,
-                "delete" => Operation::Delete,
-                "replace" => Operation::Compact, // rewrites files, data unchanged
-                _ => Operation::Other,
-            },
-            watermark_ms: None,
-            schema_id: s.get("schema-id").and_then(Value::as_i64),
-            attributes: vec![("iceberg.operation".into(), op.into())],
-        });
-    }
-    Ok(out)
+    all
 }
 
 // ---- Paimon: `snapshot/snapshot-N`, scanned forward (LATEST / EARLIEST are hints
@@ -234,6 +179,7 @@ fn paimon(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> 
                 .and_then(Value::as_i64)
                 .filter(|w| *w != i64::MIN),
             schema_id: s.get("schemaId").and_then(Value::as_i64),
+            partitions: Vec::new(),
             attributes: vec![("paimon.commit_kind".into(), kind)],
         });
     }
@@ -276,6 +222,7 @@ fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
                 operation: Operation::Other,
                 watermark_ms: None,
                 schema_id: None,
+                partitions: Vec::new(),
                 attributes: vec![("delta.from".into(), "checkpoint".into())],
             });
         }
@@ -286,6 +233,7 @@ fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
         let text = String::from_utf8_lossy(&bytes);
         let mut info = None;
         let mut schema_changed = false;
+        let mut partitions = std::collections::BTreeSet::new();
         for (n, line) in text
             .lines()
             .enumerate()
@@ -298,6 +246,15 @@ fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
                 info = Some(ci.clone());
             }
             schema_changed |= action.get("metaData").is_some();
+            for kind in ["add", "remove"] {
+                if let Some(values) = action
+                    .pointer(&format!("/{kind}/partitionValues"))
+                    .and_then(Value::as_object)
+                    .filter(|v| !v.is_empty())
+                {
+                    partitions.insert(partition_path(values));
+                }
+            }
         }
         let info = info.unwrap_or(Value::Null);
         let op = info
@@ -334,11 +291,29 @@ fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
                 _ => Operation::Other, // VACUUM, SET TBLPROPERTIES, …
             },
             watermark_ms: None,
-            schema_id: None,
+            // Delta has no schema ids: the version whose metaData action changed the
+            // schema stands for it, so `schema_unchanged` sees each change.
+            schema_id: schema_changed.then_some(v),
+            partitions: partitions.into_iter().collect(),
             attributes,
         });
     }
     Ok(out)
+}
+
+/// Delta `partitionValues` as a Hive-style path, columns in name order; a null
+/// value is Hive's default partition.
+fn partition_path(values: &serde_json::Map<String, Value>) -> String {
+    let mut cols: Vec<(&String, &Value)> = values.iter().collect();
+    cols.sort_by_key(|(k, _)| *k);
+    cols.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}={s}"),
+            Value::Null => format!("{k}=__HIVE_DEFAULT_PARTITION__"),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 // ---- Hudi: completed instants of the `.hoodie` timeline, in both layouts:
@@ -404,13 +379,21 @@ fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
             continue;
         };
         let path = dir.join(&name);
-        let operation_type = if action == "clean" || action == "rollback" {
-            None
+        let (operation_type, partitions) = if action == "clean" || action == "rollback" {
+            (None, Vec::new())
         } else {
             let meta = hudi_commit_metadata(t, &path)?;
-            meta.get("operationType")
+            let mut partitions: Vec<String> = meta
+                .get("partitionToWriteStats")
+                .and_then(Value::as_object)
+                .map(|m| m.keys().filter(|k| !k.is_empty()).cloned().collect())
+                .unwrap_or_default();
+            partitions.sort();
+            let op = meta
+                .get("operationType")
                 .and_then(Value::as_str)
-                .map(str::to_owned)
+                .map(str::to_owned);
+            (op, partitions)
         };
         let mut attributes = vec![("hudi.action".into(), action.to_owned())];
         if let Some(op) = &operation_type {
@@ -423,6 +406,7 @@ fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
             operation: crate::normalize::hudi_operation(Some(action), operation_type.as_deref()),
             watermark_ms: None,
             schema_id: None,
+            partitions,
             attributes,
         });
     }

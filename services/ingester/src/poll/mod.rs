@@ -14,6 +14,7 @@
 //! what a poll found first.
 
 pub mod formats;
+pub mod iceberg;
 pub mod object;
 
 use std::collections::HashMap;
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::{ClientConfig, Message};
 use serde::Deserialize;
-use sluice_core::{AssetEvent, AssetKey, EventSource, TableFormat};
+use sluice_core::{AssetEvent, AssetKey, EventKind, EventSource, TableFormat};
 use sluice_kit::wire::StateRecord;
 use sluice_kit::{Codec, SchemaName, Shutdown};
 
@@ -56,6 +57,12 @@ pub struct TableSpec {
     pub push_timeout_ms: u64,
     #[serde(default)]
     pub start: Start,
+    /// Iceberg only, required: where the table's current metadata is found.
+    #[serde(default)]
+    pub catalog: Option<iceberg::Catalog>,
+    /// Iceberg only: the branch or tag whose commits are the table's (default `main`).
+    #[serde(default, rename = "ref")]
+    pub follow: Option<String>,
 }
 
 fn default_interval() -> u64 {
@@ -73,6 +80,10 @@ pub struct Table {
     pub interval: Duration,
     pub push_timeout: Duration,
     pub start: Start,
+    /// Set for Iceberg tables (required there), None for the others.
+    pub catalog: Option<iceberg::Catalog>,
+    /// The Iceberg ref followed.
+    pub follow: String,
 }
 
 pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
@@ -105,8 +116,25 @@ pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
                 "{at}: interval_ms and push_timeout_ms are at least 100"
             ));
         }
+        match (&format, &s.catalog) {
+            (Ok(TableFormat::Iceberg), None) => problems.push(format!(
+                "{at}: an Iceberg table needs its \"catalog\": {{\"kind\": \"sql\", \"uri\", \"name\", \"table\"}}, \
+                 {{\"kind\": \"rest\", \"uri\", \"table\"}}, {{\"kind\": \"hadoop\"}} or, as a fallback that can \
+                 read an uncommitted file, {{\"kind\": \"directory\"}}"
+            )),
+            (Ok(TableFormat::Iceberg), Some(c)) => {
+                problems.extend(c.problems().into_iter().map(|p| format!("{at}: {p}")));
+            }
+            (Ok(f), Some(_)) => problems.push(format!("{at}: \"catalog\" is for Iceberg tables, not {f}")),
+            _ => {}
+        }
+        if s.follow.is_some() && !matches!(format, Ok(TableFormat::Iceberg)) {
+            problems.push(format!("{at}: \"ref\" is for Iceberg tables"));
+        }
         if let (Ok(asset), Ok(format)) = (asset, format) {
             tables.push(Table {
+                catalog: s.catalog,
+                follow: s.follow.unwrap_or_else(|| "main".to_owned()),
                 asset,
                 format,
                 path: s.path,
@@ -206,6 +234,7 @@ fn event(t: &Table, s: &Snapshot) -> AssetEvent {
     e.operation = s.operation;
     e.watermark_ms = s.watermark_ms;
     e.schema_id = s.schema_id;
+    e.partitions = s.partitions.clone();
     e.attributes = s.attributes.iter().cloned().collect();
     e
 }
@@ -233,7 +262,13 @@ pub fn to_emit(found: Vec<Snapshot>, position: Option<i64>, start: Start) -> Vec
 struct Polled {
     table: Table,
     tree: Result<Arc<dyn formats::Tree>, String>,
+    /// The Iceberg catalog's connection (None for the other formats).
+    catalog: Option<Result<iceberg::Client, String>>,
     emitted_through: Option<i64>,
+    emitted_schema: Option<(i64, i64, i64)>,
+    emitted_expired: Option<(i64, i64)>,
+    /// (sequence, snapshot id) of the Iceberg ref's ancestry at the last poll.
+    last_chain: Vec<(i64, i64)>,
     last_poll: Option<Instant>,
 }
 
@@ -257,7 +292,11 @@ impl Poller {
             .map(|t| Polled {
                 table: t.clone(),
                 tree: open_tree(&t.path),
+                catalog: t.catalog.as_ref().map(iceberg::Client::open),
                 emitted_through: None,
+                emitted_schema: None,
+                emitted_expired: None,
+                last_chain: Vec::new(),
                 last_poll: None,
             })
             .collect();
@@ -305,17 +344,51 @@ impl Poller {
                 return;
             }
         };
-        let scanned = tokio::task::spawn_blocking({
-            let fmt = t.format;
-            move || formats::scan(fmt, tree.as_ref(), position)
-        })
-        .await
-        .map_err(|e| ScanError::Corrupt {
-            path: t.path.clone(),
-            reason: e.to_string(),
-        })
-        .and_then(|r| r);
-        let found = match scanned {
+        let scanned = match (&t.catalog, &p.catalog) {
+            (Some(catalog), Some(client)) => match client {
+                Ok(client) => iceberg::current(catalog, client, tree, &t.path)
+                    .await
+                    .and_then(|current| {
+                        let all =
+                            iceberg::snapshots(&current.metadata, &t.follow).map_err(|reason| {
+                                ScanError::Corrupt {
+                                    path: current.location.into(),
+                                    reason,
+                                }
+                            })?;
+                        let mut facts = iceberg::facts(&current.metadata, &t.follow, &all);
+                        // Writers differ in whether the oldest retained snapshot keeps
+                        // its parent's id: what the last poll saw and is gone now, older
+                        // than every retained snapshot, was expired too.
+                        let oldest = all.first().map(|s| s.sequence);
+                        let gone = p
+                            .last_chain
+                            .iter()
+                            .filter(|(seq, _)| oldest.is_some_and(|o| *seq < o))
+                            .max()
+                            .copied();
+                        facts.expired = facts.expired.max(gone);
+                        p.last_chain = all.iter().map(|s| (s.sequence, s.snapshot_id)).collect();
+                        Ok((formats::after_position(all, position), facts))
+                    }),
+                Err(e) => Err(ScanError::Corrupt {
+                    path: t.path.clone(),
+                    reason: format!("catalog not usable: {e}"),
+                }),
+            },
+            _ => tokio::task::spawn_blocking({
+                let fmt = t.format;
+                move || formats::scan(fmt, tree.as_ref(), position)
+            })
+            .await
+            .map_err(|e| ScanError::Corrupt {
+                path: t.path.clone(),
+                reason: e.to_string(),
+            })
+            .and_then(|r| r)
+            .map(|found| (found, iceberg::Facts::default())),
+        };
+        let (found, facts) = match scanned {
             Ok(found) => found,
             Err(e) => {
                 metrics::counter!(m::POLL_ERRORS_TOTAL, "format" => format).increment(1);
@@ -324,14 +397,29 @@ impl Poller {
             }
         };
         let emit = to_emit(found, position, t.start);
-        if emit.is_empty() {
+        let mut events: Vec<AssetEvent> = emit.iter().map(|s| event(&t, s)).collect();
+        // A schema changed without a commit, and history expired: facts of their own
+        // kinds, emitted when they differ from what this poller last emitted (the fold
+        // ignores a repeat after a restart).
+        let schema = facts.schema.filter(|f| p.emitted_schema != Some(*f));
+        if let Some((sequence, snapshot_id, schema_id)) = schema {
+            let mut e = fact(&t, EventKind::SchemaChanged, sequence, snapshot_id);
+            e.schema_id = Some(schema_id);
+            events.push(e);
+        }
+        let expired = facts.expired.filter(|f| p.emitted_expired != Some(*f));
+        if let Some((sequence, snapshot_id)) = expired {
+            events.push(fact(&t, EventKind::SnapshotExpired, sequence, snapshot_id));
+        }
+        if events.is_empty() {
             return;
         }
-        let events: Vec<AssetEvent> = emit.iter().map(|s| event(&t, s)).collect();
         match self.sink.publish(&events).await {
             Ok(()) => {
                 let newest = emit.last().map(|s| s.sequence);
                 p.emitted_through = newest.max(p.emitted_through);
+                p.emitted_schema = schema.or(p.emitted_schema);
+                p.emitted_expired = expired.or(p.emitted_expired);
                 // The state had none of them when the poll began: push missed them or
                 // lags (which one the fold tells: sluice_state_commits_first_seen_total).
                 metrics::counter!(m::POLL_EMITTED_TOTAL, "format" => format)
@@ -343,6 +431,22 @@ impl Poller {
             }
         }
     }
+}
+
+/// A polled fact that is not a commit (schema change, expiry).
+fn fact(t: &Table, kind: EventKind, sequence: i64, snapshot_id: i64) -> AssetEvent {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    AssetEvent::new(
+        t.asset.clone(),
+        t.format,
+        kind,
+        snapshot_id,
+        sequence,
+        now,
+        EventSource::Poll,
+    )
 }
 
 #[cfg(test)]
@@ -357,6 +461,7 @@ mod tests {
             operation: sluice_core::Operation::Append,
             watermark_ms: None,
             schema_id: None,
+            partitions: Vec::new(),
             attributes: Vec::new(),
         }
     }
@@ -378,6 +483,14 @@ mod tests {
                 {"asset": "lake.ods.b", "format": "orc", "path": "/x", "interval_ms": 5}]"#,
         )
         .expect_err("refused");
-        assert_eq!(p.len(), 3, "{p:?}");
+        // A bad asset key, an Iceberg table without its catalog, an unknown format,
+        // an interval under 100 ms.
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(p[1].contains("needs its \"catalog\""), "{p:?}");
+        let p = parse_tables(
+            r#"[{"asset": "lake.ods.a", "format": "delta", "path": "/x", "catalog": {"kind": "hadoop"}, "ref": "audit"}]"#,
+        )
+        .expect_err("refused");
+        assert_eq!(p.len(), 2, "{p:?}");
     }
 }
