@@ -1245,3 +1245,119 @@ async fn a_real_airflow_3_runs_each_trigger_once_and_is_followed_to_its_end() {
     );
     kill(&mut d);
 }
+
+/// A static member whose session timed out is fenced when it comes back (seen after
+/// a broker restart: the intake's consumer failed fatally and the dispatcher lived
+/// on without recording another trigger). Here another consumer joins the group
+/// under the dispatcher's own group.instance.id, which fences the dispatcher's
+/// member the same way; the intake must build a new consumer and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_triggers_consumer_is_rebuilt_and_no_trigger_is_lost() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let run = Run::new().await;
+    let targets = format!("[{}]", run.hook_target("fenced", ""));
+    let mut d = run.spawn("f", &targets, &[]);
+    let before: Vec<TriggerRecord> = (0..5)
+        .map(|n| trigger(n, WireTargetKind::Webhook, "fenced"))
+        .collect();
+    run.publish(&before, 1).await;
+    run.wait_status(&keys(&before), "SUCCEEDED", Duration::from_secs(60))
+        .await;
+    // The impostor: the dispatcher's client id is its group.instance.id.
+    let impostor: BaseConsumer = kafka()
+        .consumer_config(
+            "sluice-dispatcher-f",
+            &format!("{}dispatcher", run.names.prefix),
+        )
+        .create()
+        .expect("consumer");
+    impostor
+        .subscribe(&[&run.names.name(Topic::Triggers)])
+        .expect("subscribe");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while impostor.assignment().map_or(0, |a| a.count()) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the impostor never got partitions"
+        );
+        impostor.poll(Duration::from_millis(100));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(impostor);
+    let after: Vec<TriggerRecord> = (5..25)
+        .map(|n| trigger(n, WireTargetKind::Webhook, "fenced"))
+        .collect();
+    run.publish(&after, 1).await;
+    run.wait_status(&keys(&after), "SUCCEEDED", Duration::from_secs(90))
+        .await;
+    assert!(
+        d.try_wait().expect("wait").is_none(),
+        "the dispatcher rode it out"
+    );
+    let sent = run.calls().len();
+    println!(
+        "after the fencing: {} triggers recorded and sent ({sent} sends)",
+        after.len()
+    );
+    assert_eq!(sent, before.len() + after.len(), "each sent once");
+    kill(&mut d);
+}
+
+/// A Kafka target, against the real broker: one record per trigger keyed by its
+/// trigger_key. Kafka does not deduplicate, so a job whose send may or may not have
+/// happened (a kill -9 between markRunning and the send) is never resent: it stays
+/// UNKNOWN for an operator, and the topic holds no second record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_target_gets_one_record_and_an_unknown_send_is_never_repeated() {
+    let run = Run::new().await;
+    let topic = sluice_integration_tests::create_topic(3).await;
+    let targets = format!(
+        r#"[{{"kind": "kafka", "name": "events", "topic": "{topic}", "send_timeout_ms": 500, "deadline_ms": 1500}}]"#
+    );
+    let lost = trigger(1, WireTargetKind::Kafka, "events");
+    let mut faulty = run.spawn(
+        "k",
+        &targets,
+        &[("SLUICE_DISPATCHER_FAULT", "abort_after_mark_running")],
+    );
+    run.publish(std::slice::from_ref(&lost), 1).await;
+    let _ = faulty.wait();
+    let mut d = run.spawn("k", &targets, &[]);
+    let fine: Vec<TriggerRecord> = (2..12)
+        .map(|n| trigger(n, WireTargetKind::Kafka, "events"))
+        .collect();
+    run.publish(&fine, 2).await;
+    run.wait_status(&keys(&fine), "SUCCEEDED", Duration::from_secs(60))
+        .await;
+    run.wait_status(
+        &keys(std::slice::from_ref(&lost)),
+        "UNKNOWN",
+        Duration::from_secs(60),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // several reconcile looks
+    let s = run.statuses().await;
+    assert_eq!(s[&lost.trigger_key].0, "UNKNOWN", "not resent blindly");
+    let out = read_topic(&topic, 3);
+    println!(
+        "kafka target: {} keys, records per key {:?}",
+        out.len(),
+        out.values().map(Vec::len).collect::<Vec<_>>()
+    );
+    assert!(
+        !out.contains_key(&lost.trigger_key),
+        "the unknown send was not repeated"
+    );
+    for t in &fine {
+        let recs = out.get(&t.trigger_key).map_or(0, Vec::len);
+        assert_eq!(
+            recs, 1,
+            "one record for {} (published twice)",
+            t.trigger_key
+        );
+        let doc: serde_json::Value =
+            serde_json::from_slice(&out[&t.trigger_key][0]).expect("trigger document");
+        assert_eq!(doc["trigger_key"], t.trigger_key.as_str());
+    }
+    kill(&mut d);
+}

@@ -126,6 +126,17 @@ impl Baseline {
             schema_id: state.schema.map(|(_, id)| id),
         }
     }
+
+    /// An operator accepts the input's current schema: `schema_unchanged` compares
+    /// with it from now on. Without this the predicate stays shut after a change
+    /// (the baseline moves only when the dependency fires, which it cannot).
+    /// Returns whether the baseline moved.
+    pub fn acknowledge_schema(&mut self, state: &AssetState) -> bool {
+        let now = state.schema.map(|(_, id)| id);
+        let moved = self.schema_id != now;
+        self.schema_id = now;
+        moved
+    }
 }
 
 /// Result of evaluating a tree.

@@ -159,12 +159,12 @@ impl Adapters {
     }
 
     /// Whether an unknown outcome may be settled by sending again: the receiver
-    /// deduplicates (a webhook with an Idempotency-Key, a Kafka topic keyed by
-    /// the trigger_key).
+    /// deduplicates (a webhook that declares it honours the Idempotency-Key). A
+    /// Kafka topic does not: a second record under the same trigger_key is a second
+    /// record for every consumer, so an UNKNOWN Kafka job waits for an operator.
     pub fn resend_is_safe(target: &Target) -> bool {
         match &target.reach {
             Reach::Webhook { idempotent, .. } => *idempotent,
-            Reach::Kafka { .. } => true,
             _ => false,
         }
     }

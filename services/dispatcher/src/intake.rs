@@ -2,11 +2,17 @@
 //! instances; a batch is one INSERT, and offsets are committed only after it.
 //! A crash between the two replays the batch, and the unique trigger_key makes the
 //! replay a no-op: the only effect of a trigger is the job its first row created.
+//!
+//! A consumer that hits a fatal error (a static member fenced after its session
+//! timed out — seen after a broker restart) never delivers again: the intake
+//! builds a new one, which resumes at the committed offsets (the batch in hand
+//! was not recorded, so it is read again).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -17,8 +23,12 @@ use sqlx::PgPool;
 use crate::metrics as m;
 use crate::store::{self, NewTrigger};
 
+/// Builds (and subscribes) the intake's consumer: at start and after a fatal error.
+pub type ConsumerFactory = Box<dyn Fn() -> Result<StreamConsumer, KafkaError> + Send + Sync>;
+
 pub struct Intake {
     pub consumer: StreamConsumer,
+    pub new_consumer: ConsumerFactory,
     pub producer: FutureProducer,
     pub codec: Codec,
     pub pool: PgPool,
@@ -69,15 +79,47 @@ fn to_row(msg: &BorrowedMessage<'_>, t: TriggerRecord) -> Result<NewTrigger, Str
     })
 }
 
+/// How one consuming stretch ended.
+enum Ended {
+    Stopped,
+    /// The consumer is unusable (a fatal librdkafka error): build another.
+    ConsumerDead(KafkaError),
+}
+
 impl Intake {
-    pub async fn run(self, shutdown: Shutdown) -> Result<(), String> {
+    pub async fn run(mut self, shutdown: Shutdown) -> Result<(), String> {
+        loop {
+            match self.consume(&shutdown).await {
+                Ended::Stopped => return Ok(()),
+                Ended::ConsumerDead(e) => {
+                    metrics::counter!(sluice_kit::metrics::CONSUMERS_REBUILT_TOTAL).increment(1);
+                    tracing::warn!(error = %e, "triggers consumer failed fatally; building a new one (it resumes at the committed offsets)");
+                    let mut delay = Duration::from_millis(200);
+                    self.consumer = loop {
+                        match (self.new_consumer)() {
+                            Ok(c) => break c,
+                            Err(e) if !shutdown.is_stopping() => {
+                                tracing::warn!(error = %e, "triggers consumer not built; retrying");
+                                tokio::time::sleep(delay).await;
+                                delay = (delay * 2).min(Duration::from_secs(5));
+                            }
+                            Err(_) => return Ok(()),
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    async fn consume(&self, shutdown: &Shutdown) -> Ended {
         loop {
             let first = tokio::select! {
-                _ = shutdown.clone().wait_stopped() => return Ok(()),
+                _ = shutdown.clone().wait_stopped() => return Ended::Stopped,
                 m = self.consumer.recv() => m,
             };
             let first = match first {
                 Ok(m) => m,
+                Err(e @ KafkaError::MessageConsumptionFatal(_)) => return Ended::ConsumerDead(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "triggers consume error");
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -90,12 +132,16 @@ impl Intake {
                 let left = until.saturating_duration_since(Instant::now());
                 match tokio::time::timeout(left, self.consumer.recv()).await {
                     Ok(Ok(m)) => batch.push(m),
+                    // The batch in hand is not recorded: the next consumer reads it again.
+                    Ok(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
+                        return Ended::ConsumerDead(e);
+                    }
                     Ok(Err(e)) => tracing::warn!(error = %e, "triggers consume error"),
                     Err(_) => break,
                 }
             }
-            if !self.handle(&batch, &shutdown).await {
-                return Ok(()); // stopping with the batch unrecorded: it is replayed
+            if !self.handle(&batch, shutdown).await {
+                return Ended::Stopped; // stopping with the batch unrecorded: it is replayed
             }
         }
     }

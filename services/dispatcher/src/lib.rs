@@ -212,14 +212,22 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let c = &options.common;
     let client_id = format!("sluice-{SERVICE}-{}", c.instance);
     let producer: FutureProducer = c.kafka.producer_config(&client_id).create()?;
-    let consumer: StreamConsumer = c
-        .kafka
-        .consumer_config(&client_id, &format!("{}{SERVICE}", c.topics.prefix))
-        .create()?;
-    consumer.subscribe(&[&c.topics.name(Topic::Triggers)])?;
+    let new_consumer: intake::ConsumerFactory = {
+        let config = c
+            .kafka
+            .consumer_config(&client_id, &format!("{}{SERVICE}", c.topics.prefix));
+        let topic = c.topics.name(Topic::Triggers);
+        Box::new(move || {
+            let consumer: StreamConsumer = config.create()?;
+            consumer.subscribe(&[&topic])?;
+            Ok(consumer)
+        })
+    };
+    let consumer = new_consumer()?;
     let codec = Codec::new(c.schema_registry_url.as_deref());
     let intake = intake::Intake {
         consumer,
+        new_consumer,
         producer: producer.clone(),
         codec,
         pool: pool.clone(),

@@ -5,6 +5,7 @@ pub const RECORDS_PROCESSED_TOTAL: &str = "sluice_records_processed_total";
 pub const DEAD_LETTERS_TOTAL: &str = "sluice_dead_letters_total";
 pub const TXN_COMMITTED_TOTAL: &str = "sluice_transactions_committed_total";
 pub const TXN_ABORTED_TOTAL: &str = "sluice_transactions_aborted_total";
+pub const CONSUMERS_REBUILT_TOTAL: &str = "sluice_consumers_rebuilt_total";
 pub const TXN_RECORDS: &str = "sluice_transaction_records";
 pub const SERVICE_INFO: &str = "sluice_service_info";
 
@@ -19,6 +20,10 @@ pub fn describe() {
     metrics::describe_counter!(
         TXN_ABORTED_TOTAL,
         "Kafka transactions aborted (batch replayed)"
+    );
+    metrics::describe_counter!(
+        CONSUMERS_REBUILT_TOTAL,
+        "Group consumers rebuilt after a fatal consumer error (e.g. a static member fenced after its session timed out)"
     );
     metrics::describe_histogram!(TXN_RECORDS, "Input records per committed transaction");
     metrics::describe_gauge!(SERVICE_INFO, "1, labelled with the service and its version");

@@ -269,9 +269,31 @@ fn abort(producer: &TxnProducer, timeout: Duration, cause: &KafkaError) -> Resul
     abort_retrying(producer, timeout).map_err(|e| format!("abort after {cause} failed: {e}"))
 }
 
+/// A consumer of the loop's inputs whose rebalance callbacks share `producer`.
+fn subscribed(
+    config: &rdkafka::ClientConfig,
+    producer: &Arc<TxnProducer>,
+    options: &Options,
+) -> Result<BaseConsumer<LoopContext>, Error> {
+    let ctx = LoopContext {
+        open: Mutex::new(Open {
+            producer: producer.clone(),
+            timeout: options.request_timeout,
+            offsets: None,
+            events: Vec::new(),
+        }),
+    };
+    let consumer: BaseConsumer<LoopContext> = config.create_with_context(ctx)?;
+    let topics: Vec<&str> = options.input_topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    Ok(consumer)
+}
+
 /// A consumer and a transactional producer wired together.
 pub struct TxnLoop<P: Processor> {
     consumer: BaseConsumer<LoopContext>,
+    /// Kept to build a new consumer after a fatal consumer error.
+    consumer_config: rdkafka::ClientConfig,
     producer: Arc<TxnProducer>,
     processor: P,
     options: Options,
@@ -292,19 +314,10 @@ impl<P: Processor> TxnLoop<P> {
     ) -> Result<Self, Error> {
         let producer: Arc<TxnProducer> = Arc::new(producer_config.create()?);
         producer.init_transactions(options.request_timeout)?;
-        let ctx = LoopContext {
-            open: Mutex::new(Open {
-                producer: producer.clone(),
-                timeout: options.request_timeout,
-                offsets: None,
-                events: Vec::new(),
-            }),
-        };
-        let consumer: BaseConsumer<LoopContext> = consumer_config.create_with_context(ctx)?;
-        let topics: Vec<&str> = options.input_topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
+        let consumer = subscribed(consumer_config, &producer, &options)?;
         Ok(TxnLoop {
             consumer,
+            consumer_config: consumer_config.clone(),
             producer,
             processor,
             options,
@@ -331,11 +344,54 @@ impl<P: Processor> TxnLoop<P> {
                     self.health.set_ready(false);
                     return Err(e);
                 }
+                Err(BatchError::ConsumerDead(e)) => self.rebuild_consumer(&e)?,
             }
         }
         tracing::info!("transactional loop stopping: last batch committed");
         self.consumer.unsubscribe();
         Ok(self.processor)
+    }
+
+    /// A consumer that failed fatally (a static member fenced after its session
+    /// timed out) never delivers again. The open transaction is aborted, the
+    /// processor gives up every partition, and a new consumer joins the group: its
+    /// assignment restores state and resumes at the committed offsets.
+    fn rebuild_consumer(&mut self, cause: &KafkaError) -> Result<(), Error> {
+        metrics::counter!(m::CONSUMERS_REBUILT_TOTAL).increment(1);
+        tracing::warn!(error = %cause, "consumer failed fatally; building a new one");
+        let open = self
+            .consumer
+            .context()
+            .with_open(|o| o.offsets.take().is_some());
+        if open {
+            abort_retrying(&self.producer, self.options.request_timeout)?;
+            metrics::counter!(m::TXN_ABORTED_TOTAL).increment(1);
+            self.processor.aborted();
+        }
+        let owned = self
+            .consumer
+            .assignment()
+            .map(|tpl| partitions(&tpl))
+            .unwrap_or_default();
+        self.processor.revoked(&owned);
+        let mut backoff = self.options.retry_backoff;
+        loop {
+            match subscribed(&self.consumer_config, &self.producer, &self.options) {
+                Ok(c) => {
+                    // The old consumer's callbacks must not reach the processor again.
+                    let old = std::mem::replace(&mut self.consumer, c);
+                    old.context().with_open(|o| o.events.clear());
+                    drop(old);
+                    return Ok(());
+                }
+                Err(e) if !self.stop.load(Ordering::Relaxed) => {
+                    tracing::warn!(error = %e, "consumer not built; retrying");
+                    self.wait(backoff);
+                    backoff = (backoff * 2).min(self.options.retry_backoff * 32);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn wait(&self, d: Duration) {
@@ -393,6 +449,9 @@ impl<P: Processor> TxnLoop<P> {
                         break;
                     }
                     continue;
+                }
+                Some(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
+                    return Err(BatchError::ConsumerDead(e));
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "consumer error");
@@ -660,6 +719,8 @@ const TICK_EVERY: Duration = Duration::from_millis(20);
 enum BatchError {
     Retry(String),
     Fatal(Error),
+    /// The consumer failed fatally: the loop builds a new one.
+    ConsumerDead(KafkaError),
 }
 
 fn classify(e: KafkaError) -> BatchError {

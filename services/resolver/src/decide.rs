@@ -34,6 +34,21 @@ pub struct Progress {
     pub suppressed_total: u64,
 }
 
+impl Progress {
+    /// Acknowledges `asset`'s current schema for a `schema_unchanged` input (see
+    /// [`Baseline::acknowledge_schema`]). An input the dependency never fired on has
+    /// no baseline and nothing to acknowledge: false.
+    pub fn acknowledge_schema(
+        &mut self,
+        asset: &AssetKey,
+        state: &sluice_core::AssetState,
+    ) -> bool {
+        self.baselines
+            .get_mut(asset)
+            .is_some_and(|b| b.acknowledge_schema(state))
+    }
+}
+
 /// Why the dependency is looked at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
@@ -598,6 +613,46 @@ mod tests {
         );
         assert_eq!(p.version, 2);
         assert!(o.progress_changed);
+    }
+
+    #[test]
+    fn a_schema_change_shuts_schema_unchanged_until_acknowledged() {
+        let s = spec(leaf("l.o.a", vec![Predicate::SchemaUnchanged]));
+        let mut w = World::default();
+        let mut p = Progress::default();
+        let with_schema = |w: &mut World, seq: i64, schema: i64| {
+            w.data("l.o.a", seq);
+            let key = k("l.o.a");
+            let mut e = AssetEvent::new(
+                key.clone(),
+                TableFormat::Iceberg,
+                sluice_core::EventKind::SchemaChanged,
+                seq * 10,
+                seq,
+                seq * 1000,
+                EventSource::Poll,
+            );
+            e.schema_id = Some(schema);
+            w.0.get_mut(&key).expect("state").apply(&e);
+        };
+        with_schema(&mut w, 1, 0);
+        assert_eq!(w.step(&s, &mut p, 0, Cause::Change).fires.len(), 1);
+        with_schema(&mut w, 2, 1); // the schema changed
+        assert!(w.step(&s, &mut p, 0, Cause::Change).fires.is_empty());
+        w.data("l.o.a", 3);
+        assert!(
+            w.step(&s, &mut p, 0, Cause::Change).fires.is_empty(),
+            "stays shut: the baseline moves only on a trigger"
+        );
+        let state = w.0[&k("l.o.a")].clone();
+        assert!(p.acknowledge_schema(&k("l.o.a"), &state));
+        assert!(!p.acknowledge_schema(&k("l.o.a"), &state), "once");
+        assert_eq!(
+            w.step(&s, &mut p, 0, Cause::Change).fires.len(),
+            1,
+            "acknowledged: the newest commit fires"
+        );
+        assert!(!p.acknowledge_schema(&k("l.o.b"), &state), "not an input");
     }
 
     #[test]

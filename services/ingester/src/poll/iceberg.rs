@@ -671,6 +671,45 @@ mod tests {
         );
     }
 
+    /// A Hadoop table: the hint names v1 although v2 exists (a writer that has not
+    /// swapped the hint yet); a hint to a file cut short is an error, not an event.
+    #[tokio::test]
+    async fn hadoop_tables_follow_their_version_hint() {
+        let dir = std::env::temp_dir().join(format!("sluice-hadoop-{}", std::process::id()));
+        let meta = dir.join("metadata");
+        std::fs::create_dir_all(&meta).expect("dir");
+        let doc = |head: i64| {
+            json!({"format-version": 2, "current-snapshot-id": head,
+                   "snapshots": [snap(1, None, Some(1), 10), snap(2, Some(1), Some(2), 20)]})
+        };
+        std::fs::write(meta.join("v1.metadata.json"), doc(1).to_string()).expect("w");
+        std::fs::write(meta.join("v2.metadata.json"), doc(2).to_string()).expect("w");
+        std::fs::write(meta.join("version-hint.text"), "1\n").expect("w");
+        let tree: std::sync::Arc<dyn Tree> =
+            std::sync::Arc::new(super::super::formats::LocalTree(dir.clone()));
+        let read = async || current(&Catalog::Hadoop, &Client::None, tree.clone(), &dir).await;
+        let now = read().await.expect("current");
+        let ids: Vec<i64> = snapshots(&now.metadata, "main")
+            .expect("ok")
+            .iter()
+            .map(|s| s.snapshot_id)
+            .collect();
+        assert_eq!(ids, [1], "only what the hint names");
+        let directory = current(&Catalog::Directory, &Client::None, tree.clone(), &dir)
+            .await
+            .expect("current");
+        assert_eq!(
+            directory.metadata["current-snapshot-id"], 2,
+            "the fallback takes the newest file"
+        );
+        std::fs::write(meta.join("v3.metadata.json"), &doc(2).to_string()[..20]).expect("w");
+        std::fs::write(meta.join("version-hint.text"), "3").expect("w");
+        assert!(matches!(read().await, Err(ScanError::Corrupt { .. })));
+        std::fs::write(meta.join("version-hint.text"), "three").expect("w");
+        assert!(matches!(read().await, Err(ScanError::Corrupt { .. })));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn catalog_settings_are_checked() {
         let c: Catalog = serde_json::from_value(
