@@ -1361,3 +1361,62 @@ async fn a_kafka_target_gets_one_record_and_an_unknown_send_is_never_repeated() 
     }
     kill(&mut d);
 }
+
+/// A command target runs detached from the dispatcher (its own process group, a
+/// run directory with its pid and exit code): a kill -9 of the dispatcher in the
+/// middle of the command leaves it running, and the restarted dispatcher
+/// reconciles the job from the run directory — SUCCEEDED, the command run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
+    let run = Run::new().await;
+    let dir = std::env::temp_dir().join(unique("cmd-kill"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (starts, done) = (dir.join("starts"), dir.join("done"));
+    let runs = dir.join("runs").display().to_string();
+    let targets = format!(
+        r#"[{{"kind": "command", "name": "long", "argv": ["sh", "-c", "echo $SLUICE_INVOCATION_ID >> {}; sleep 3; echo ok >> {}"],
+             "send_timeout_ms": 5000, "deadline_ms": 6000}}]"#,
+        starts.display(),
+        done.display()
+    );
+    let env = [("SLUICE_COMMAND_DIR", runs.as_str())];
+    let mut d = run.spawn("c", &targets, &env);
+    let t = trigger(1, WireTargetKind::Command, "long");
+    run.publish(std::slice::from_ref(&t), 1).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !starts.exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    kill(&mut d); // kill -9 while the command sleeps
+    let s = run.statuses().await;
+    assert_eq!(s[&t.trigger_key].0, "RUNNING", "the dispatcher died mid-run");
+    let mut d = run.spawn("c", &targets, &env);
+    run.wait_status(
+        &keys(std::slice::from_ref(&t)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let ext: Option<String> =
+        sqlx::query_scalar("SELECT external_id FROM jobs WHERE trigger_key = $1")
+            .bind(&t.trigger_key)
+            .fetch_one(&run.pool)
+            .await
+            .expect("external id");
+    println!(
+        "command after a kill -9 mid-run: started {}, finished {}, run directory {ext:?}",
+        lines(&starts),
+        lines(&done)
+    );
+    assert_eq!((lines(&starts), lines(&done)), (1, 1), "run once, to its end");
+    assert!(ext.is_some_and(|e| e.starts_with(&runs)), "the run directory is the run's id");
+    kill(&mut d);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1360,3 +1360,47 @@ async fn iceberg_polls_read_only_what_the_catalog_committed() {
     drop(ing);
     let _ = std::fs::remove_dir_all(&w);
 }
+
+/// The heartbeat rule of Hudi's table-service plan: a table whose state has not
+/// advanced for `push_timeout_ms` is polled at that pace, not only every
+/// `interval_ms` (here ten minutes, far past the test): a lost push is found within
+/// the push timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_table_is_polled_after_the_push_timeout_not_the_interval() {
+    let names = topics_for("hb").await;
+    let root = std::env::temp_dir().join(unique("hb"));
+    let (del, first) = commit("delta", &root.join("delta"), "quiet", 1);
+    let tables = json!([{"asset": "lake.ods.quiet", "format": "delta", "path": del,
+        "interval_ms": 600_000, "push_timeout_ms": 1_000, "start": "earliest"}])
+    .to_string();
+    let ing = start(&names, "a", &[("SLUICE_POLL_TABLES", tables.as_str())]).await;
+    let seen = async |seq: i64, within: Duration| {
+        let deadline = Instant::now() + within;
+        loop {
+            if events(&names)
+                .await
+                .iter()
+                .any(|e| e.asset_key.as_str() == "lake.ods.quiet" && e.sequence == seq)
+            {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    assert!(seen(first[0].1, Duration::from_secs(30)).await, "the first poll");
+    let (_, second) = commit("delta", &root.join("delta"), "quiet", 1);
+    let t = Instant::now();
+    assert!(
+        seen(second[0].1, Duration::from_secs(20)).await,
+        "a commit no push reported is polled within the push timeout, not the 10 min interval"
+    );
+    println!(
+        "quiet table: the unpushed commit polled after {:.1} s (push_timeout 1 s, interval 600 s)",
+        t.elapsed().as_secs_f64()
+    );
+    drop(ing);
+    let _ = std::fs::remove_dir_all(&root);
+}

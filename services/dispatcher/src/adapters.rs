@@ -6,14 +6,12 @@
 //! have arrived (a timeout, a reset, a 5xx) is unknown, and is never resent blindly.
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::{KeyInit, Mac};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use crate::lifecycle::{Observed, SendOutcome};
@@ -63,6 +61,7 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
 
 pub struct Adapters {
     http: reqwest::Client,
+    commands: crate::command::Runs,
     kafka: Option<FutureProducer>,
     /// Airflow 3.x JWTs by target name, fetched on first use and on a 401.
     airflow_tokens: Mutex<BTreeMap<String, String>>,
@@ -106,8 +105,10 @@ impl Adapters {
     pub fn new(
         kafka: Option<FutureProducer>,
         extra_roots: &[reqwest::Certificate],
+        commands: crate::command::Runs,
     ) -> Result<Arc<Adapters>, reqwest::Error> {
         Ok(Arc::new(Adapters {
+            commands,
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
                 .tls_certs_merge(extra_roots.iter().cloned())
@@ -133,7 +134,7 @@ impl Adapters {
                 self.dolphin_start(url, token, project_code, job, timeout)
                     .await
             }
-            Reach::Command { argv } => command(argv, job, timeout).await,
+            Reach::Command { argv } => self.command(argv, job, timeout).await,
             Reach::Kafka { topic } => self.kafka_send(topic, job, timeout).await,
         }
     }
@@ -152,6 +153,7 @@ impl Adapters {
                     reason: "DolphinScheduler has no instance id for this job".into(),
                 },
             },
+            Reach::Command { .. } => self.commands.observe(job.owner.as_deref(), job),
             _ => Observed::CannotTell {
                 reason: format!("a {} target cannot be asked", job.target_kind),
             },
@@ -491,58 +493,20 @@ pub fn expand(arg: &str, job: &Claimed) -> String {
     out
 }
 
-/// A local command (a spark-submit for a Hudi table service, a script): the
-/// trigger document on stdin and in SLUICE_TRIGGER, killed at the send timeout.
-async fn command(argv: &[String], job: &Claimed, timeout: Duration) -> SendOutcome {
-    let args: Vec<String> = argv.iter().map(|a| expand(a, job)).collect();
-    let doc = trigger_document(job).to_string();
-    let mut child = match tokio::process::Command::new(&args[0])
-        .args(&args[1..])
-        .env("SLUICE_TRIGGER", &doc)
-        .env("SLUICE_TRIGGER_KEY", &job.trigger_key)
-        .env("SLUICE_DEPENDENCY_ID", &job.dependency_id)
-        .env("SLUICE_INVOCATION_ID", &job.invocation_id)
-        .env("SLUICE_ATTEMPT", job.attempt.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            return SendOutcome::Refused {
-                reason: format!("cannot start {:?}: {e}", args[0]),
-            };
-        }
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        // A command that does not read stdin closes it: not an error.
-        let _ = stdin.write_all(doc.as_bytes()).await;
-    }
-    match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Err(_) => SendOutcome::Failed {
-            reason: format!("killed after the timeout of {timeout:?}"),
-        },
-        Ok(Err(e)) => SendOutcome::Unknown {
-            reason: format!("lost the command: {e}"),
-        },
-        Ok(Ok(out)) if out.status.success() => SendOutcome::Accepted {
-            external_id: None,
-            done: true,
-        },
-        Ok(Ok(out)) => {
-            let tail: String = String::from_utf8_lossy(&out.stderr)
-                .chars()
-                .rev()
-                .take(300)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            SendOutcome::Failed {
-                reason: format!("exited with {}: {}", out.status, tail.trim()),
-            }
-        }
+impl Adapters {
+    /// A local command (a spark-submit for a Hudi table service, a script): the
+    /// trigger document on stdin and in SLUICE_TRIGGER, run detached so its outcome
+    /// survives the dispatcher (see `command`), killed at the send timeout.
+    async fn command(&self, argv: &[String], job: &Claimed, timeout: Duration) -> SendOutcome {
+        let args: Vec<String> = argv.iter().map(|a| expand(a, job)).collect();
+        let doc = trigger_document(job).to_string();
+        let env = [
+            ("SLUICE_TRIGGER", doc.clone()),
+            ("SLUICE_TRIGGER_KEY", job.trigger_key.clone()),
+            ("SLUICE_DEPENDENCY_ID", job.dependency_id.clone()),
+            ("SLUICE_INVOCATION_ID", job.invocation_id.clone()),
+            ("SLUICE_ATTEMPT", job.attempt.to_string()),
+        ];
+        self.commands.send(&args, &env, &doc, job, timeout).await
     }
 }

@@ -7,6 +7,7 @@
 //! `dispatch` (sweep, claim, send, follow, reconcile) and `publish` (outbox → runs).
 
 pub mod adapters;
+pub mod command;
 pub mod dispatch;
 pub mod intake;
 pub mod lifecycle;
@@ -52,6 +53,8 @@ pub struct Options {
     pub fault: dispatch::Fault,
     /// Roots trusted for https targets besides the system's (`SLUICE_TLS_CA_FILE`).
     pub extra_roots: Vec<reqwest::Certificate>,
+    /// Where command targets run (`SLUICE_COMMAND_DIR`): must outlive the process.
+    pub command_dir: std::path::PathBuf,
 }
 
 impl Options {
@@ -130,7 +133,11 @@ impl Options {
                 }
             },
         };
+        let command_dir = env
+            .optional("SLUICE_COMMAND_DIR")
+            .map_or_else(|| std::env::temp_dir().join("sluice-commands"), Into::into);
         env.finish(Options {
+            command_dir,
             common,
             database_url,
             max_connections,
@@ -238,7 +245,14 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let dispatcher = Arc::new(dispatch::Dispatcher {
         pool: pool.clone(),
         targets: options.targets.clone(),
-        adapters: adapters::Adapters::new(Some(producer.clone()), &options.extra_roots)?,
+        adapters: adapters::Adapters::new(
+            Some(producer.clone()),
+            &options.extra_roots,
+            command::Runs {
+                root: options.command_dir.clone(),
+                instance: c.instance.clone(),
+            },
+        )?,
         epoch,
         instance: c.instance.clone(),
         round: options.round,

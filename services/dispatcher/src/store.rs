@@ -103,6 +103,8 @@ pub struct Claimed {
     pub invocation_id: String,
     pub external_id: Option<String>,
     pub status: Status,
+    /// The instance that claimed the invocation (where a command target ran it).
+    pub owner: Option<String>,
     pub dependency_id: String,
     pub dependency_version: i64,
     pub target_kind: String,
@@ -118,7 +120,7 @@ pub struct Claimed {
 /// The columns a [`Claimed`] is read from (a macro so the SQL stays `'static`).
 macro_rules! claimed_columns {
     () => {
-        "j.trigger_key, j.revision, j.attempt, j.invocation_id, j.external_id, j.status, \
+        "j.trigger_key, j.revision, j.attempt, j.invocation_id, j.external_id, j.status, j.lease_owner, \
      h.dependency_id, h.dependency_version, h.target_kind, h.target_name, h.target_parameters::text AS params, \
      h.inputs::text AS inputs, h.partition_value, h.window_end_ms, h.reason, \
      (extract(epoch FROM h.first_commit_at) * 1000)::bigint AS first_commit_ms"
@@ -139,6 +141,7 @@ fn claimed(row: &sqlx::postgres::PgRow) -> sqlx::Result<Claimed> {
             .try_get::<Option<String>, _>("invocation_id")?
             .unwrap_or_default(),
         external_id: row.try_get("external_id")?,
+        owner: row.try_get("lease_owner")?,
         status: Status::parse(&status)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown job status {status:?}").into()))?,
         dependency_id: row.try_get("dependency_id")?,
