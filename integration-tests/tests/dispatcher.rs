@@ -1390,7 +1390,10 @@ async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
     }
     kill(&mut d); // kill -9 while the command sleeps
     let s = run.statuses().await;
-    assert_eq!(s[&t.trigger_key].0, "RUNNING", "the dispatcher died mid-run");
+    assert_eq!(
+        s[&t.trigger_key].0, "RUNNING",
+        "the dispatcher died mid-run"
+    );
     let mut d = run.spawn("c", &targets, &env);
     run.wait_status(
         &keys(std::slice::from_ref(&t)),
@@ -1415,8 +1418,15 @@ async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
         lines(&starts),
         lines(&done)
     );
-    assert_eq!((lines(&starts), lines(&done)), (1, 1), "run once, to its end");
-    assert!(ext.is_some_and(|e| e.starts_with(&runs)), "the run directory is the run's id");
+    assert_eq!(
+        (lines(&starts), lines(&done)),
+        (1, 1),
+        "run once, to its end"
+    );
+    assert!(
+        ext.is_some_and(|e| e.starts_with(&runs)),
+        "the run directory is the run's id"
+    );
     kill(&mut d);
     let _ = std::fs::remove_dir_all(&dir);
 }

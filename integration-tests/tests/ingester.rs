@@ -1390,7 +1390,10 @@ async fn a_quiet_table_is_polled_after_the_push_timeout_not_the_interval() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
-    assert!(seen(first[0].1, Duration::from_secs(30)).await, "the first poll");
+    assert!(
+        seen(first[0].1, Duration::from_secs(30)).await,
+        "the first poll"
+    );
     let (_, second) = commit("delta", &root.join("delta"), "quiet", 1);
     let t = Instant::now();
     assert!(

@@ -408,3 +408,130 @@ async fn two_instances_and_a_rebalance_give_the_same_result() {
     }
     run.verify(&expected).await;
 }
+
+/// A cycle spread over partitions owned by two resolver instances: each instance
+/// alone sees one spec, and the old check (among the specs an instance owns) let
+/// both through. Every instance follows the whole dependency set, so the spec
+/// appended last — the one that closes the cycle — is refused, visibly (dead
+/// letter with the cycle in its reason), and the other keeps working.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cycle_across_two_instances_is_refused_once_visibly() {
+    const TWO: i32 = 2;
+    let names = TopicNames::with_prefix(&format!("{}.", unique("rc")), TWO);
+    let admin = kafka().admin("rc-test").expect("admin");
+    topics::bootstrap(&admin, &names, sluice_resolver::TOPICS, T)
+        .await
+        .expect("topics");
+    let spawn = |instance: &str| {
+        Command::new(service_binary("sluice-resolver"))
+            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+            .env("SLUICE_TOPIC_PREFIX", &names.prefix)
+            .env("SLUICE_TOPIC_PARTITIONS", TWO.to_string())
+            .env("SLUICE_INSTANCE", instance)
+            .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn resolver")
+    };
+    let (mut a, mut b) = (spawn("a"), spawn("b"));
+    // Two members, two partitions: one each once the group has settled.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let codec = Codec::new(None);
+    let topic = names.name(Topic::Dependencies);
+    let p: BaseProducer = kafka()
+        .producer_config("rc-test")
+        .create()
+        .expect("producer");
+    let spec = |id: &str, input: &str, out: &str| {
+        DependencySpec::from_json(&format!(
+            r#"{{"id": "{id}", "version": 1, "owner_project": "it", "target": {{"kind": "webhook", "name": "{id}"}},
+               "condition": {{"input": {{"asset": "{input}"}}}}, "produces": "{out}"}}"#
+        ))
+        .expect("valid alone")
+    };
+    for (partition, s) in [
+        (0, spec("first", "lake.c.x", "lake.c.y")),
+        (1, spec("closer", "lake.c.y", "lake.c.x")),
+    ] {
+        let bytes = codec
+            .encode(SchemaName::DependencySpec, &topic, &WireSpec::from(&s))
+            .await
+            .expect("encode");
+        p.send(
+            BaseRecord::to(&topic)
+                .partition(partition)
+                .key(&s.id)
+                .payload(&bytes),
+        )
+        .expect("send spec");
+        p.flush(T).expect("flush");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let dlq_topic = names.name(Topic::DeadLetter);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let refused = loop {
+        let refused: Vec<_> = sluice_integration_tests::read_records(&dlq_topic, TWO)
+            .into_iter()
+            .filter(|r| {
+                r.header(sluice_kit::dlq::HEADER_ERROR)
+                    .is_some_and(|e| e.contains("cycle"))
+            })
+            .collect();
+        if !refused.is_empty() || Instant::now() > deadline {
+            break refused;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let keys: Vec<String> = refused
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    println!(
+        "refused across instances: {keys:?} ({:?})",
+        refused
+            .first()
+            .and_then(|r| r.header(sluice_kit::dlq::HEADER_ERROR))
+    );
+    assert_eq!(keys, ["closer"], "the spec appended last closes the cycle");
+    // The accepted one still triggers: a commit of its input fires it.
+    let state_topic = names.name(Topic::AssetState);
+    let k = AssetKey::parse("lake.c.x").expect("key");
+    let mut s = AssetState::new(k.clone(), TableFormat::Iceberg);
+    s.apply(&AssetEvent::committed(
+        k.clone(),
+        TableFormat::Iceberg,
+        7,
+        1,
+        60_000,
+        EventSource::Push,
+    ));
+    let bytes = codec
+        .encode(
+            SchemaName::AssetState,
+            &state_topic,
+            &StateRecord::new(&s, 1),
+        )
+        .await
+        .expect("encode state");
+    p.send(BaseRecord::to(&state_topic).key(k.as_str()).payload(&bytes))
+        .expect("send state");
+    p.flush(T).expect("flush");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = read_topic(&names.name(Topic::Triggers), TWO).len();
+        if n == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the accepted spec did not fire ({n})"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

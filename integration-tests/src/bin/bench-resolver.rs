@@ -134,6 +134,7 @@ fn main() {
             triggers: "triggers".into(),
         },
         table.clone(),
+        sluice_resolver::lineage::Lineage::new(),
         rdkafka::ClientConfig::new(),
         Duration::from_secs(1),
     );

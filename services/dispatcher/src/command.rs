@@ -16,8 +16,7 @@ use crate::store::Claimed;
 
 /// The wrapper: records its pid, runs the command (argv after `sh -c … sluice-run`),
 /// then the exit code, written atomically (tmp + rename).
-const WRAPPER: &str =
-    r#"echo $$ > pid.tmp && mv pid.tmp pid; "$@" < trigger.json > stdout 2> stderr; echo $? > exit.tmp && mv exit.tmp exit"#;
+const WRAPPER: &str = r#"echo $$ > pid.tmp && mv pid.tmp pid; "$@" < trigger.json > stdout 2> stderr; echo $? > exit.tmp && mv exit.tmp exit"#;
 
 #[derive(Clone, Debug)]
 pub struct Runs {
@@ -192,11 +191,17 @@ mod tests {
     #[test]
     fn a_run_directory_tells_the_outcome() {
         let d = dir("outcome");
-        assert!(matches!(outcome(&d), Observed::Failed { .. }), "never started");
+        assert!(
+            matches!(outcome(&d), Observed::Failed { .. }),
+            "never started"
+        );
         std::fs::write(d.join("pid"), std::process::id().to_string()).expect("w");
         assert!(matches!(outcome(&d), Observed::Running { .. }), "alive");
         std::fs::write(d.join("pid"), "999999999").expect("w");
-        assert!(matches!(outcome(&d), Observed::Failed { .. }), "dead without exit");
+        assert!(
+            matches!(outcome(&d), Observed::Failed { .. }),
+            "dead without exit"
+        );
         std::fs::write(d.join("stderr"), "boom\n").expect("w");
         std::fs::write(d.join("exit"), "3\n").expect("w");
         match outcome(&d) {

@@ -61,6 +61,14 @@ impl Topic {
             Topic::AssetEvents => vec![("retention.ms", "7776000000")],
             Topic::Triggers => vec![("retention.ms", "1209600000")],
             Topic::DeadLetter => vec![("retention.ms", "2592000000")],
+            // The resolvers order specs by append time to decide which one closes a
+            // cycle: the broker's clock, not each writer's.
+            Topic::Dependencies => vec![
+                ("min.cleanable.dirty.ratio", "0.1"),
+                ("segment.ms", "3600000"),
+                ("delete.retention.ms", "86400000"),
+                ("message.timestamp.type", "LogAppendTime"),
+            ],
             // Compacted tables: compact promptly, keep tombstones a day for readers.
             _ => vec![
                 ("min.cleanable.dirty.ratio", "0.1"),

@@ -8,6 +8,7 @@
 //!   consumer group, the inverted index, triggers and progress in one transaction.
 
 pub mod decide;
+pub mod lineage;
 pub mod metrics;
 pub mod records;
 pub mod resolve;
@@ -96,6 +97,14 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         shutdown.flag(),
         c.kafka.request_timeout,
     );
+    let lineage = lineage::Lineage::new();
+    let follower = lineage.spawn_follower(
+        c.kafka.reader_config(&format!("{client_id}-lineage")),
+        deps.clone(),
+        Codec::new(c.schema_registry_url.as_deref()),
+        runtime.clone(),
+        shutdown.flag(),
+    );
     let processor = resolve::Resolve::new(
         codec,
         runtime,
@@ -105,6 +114,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
             triggers: c.topics.name(Topic::Triggers),
         },
         table,
+        lineage,
         c.kafka.reader_config(&format!("{client_id}-restore")),
         c.kafka.request_timeout,
     );
@@ -142,6 +152,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     shutdown.trigger();
     let _ = started.admin_task.await;
     let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+    let _ = tokio::task::spawn_blocking(move || follower.join()).await;
     match result {
         Ok(r) => r.map_err(Error::from),
         Err(join) => Err(Error::Panicked(join.to_string())),

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use foldhash::{HashMap, HashMapExt};
 use rdkafka::ClientConfig;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
 use sluice_core::AssetKey;
 use sluice_kit::changelog::read_to_end;
@@ -20,9 +21,10 @@ use sluice_kit::txn::{Input, Output, ProcessError, Processor};
 use sluice_kit::{Codec, SchemaName};
 
 use crate::decide::{self, Cause, Progress};
+use crate::lineage::{Lineage, Order};
 use crate::metrics as m;
 use crate::records::{ProgressRecord, trigger_record};
-use crate::spec::{DependencySpec, WireSpec, check_cycles};
+use crate::spec::{DependencySpec, WireSpec};
 use crate::table::GlobalTable;
 
 /// One owned dependency.
@@ -47,6 +49,10 @@ pub struct Resolve {
     runtime: tokio::runtime::Handle,
     topics: Topics,
     table: Arc<GlobalTable>,
+    /// The whole dependency set's lineage, for cycle checks across instances.
+    lineage: Arc<Lineage>,
+    /// Asks the broker where the dependencies topic ends (built on first use).
+    watermarks: Option<BaseConsumer>,
     reader: ClientConfig,
     timeout: Duration,
     clock: fn() -> i64,
@@ -72,6 +78,7 @@ impl Resolve {
         runtime: tokio::runtime::Handle,
         topics: Topics,
         table: Arc<GlobalTable>,
+        lineage: Arc<Lineage>,
         reader: ClientConfig,
         timeout: Duration,
     ) -> Self {
@@ -80,6 +87,8 @@ impl Resolve {
             runtime,
             topics,
             table,
+            lineage,
+            watermarks: None,
             reader,
             timeout,
             clock: wall_clock_ms,
@@ -270,17 +279,23 @@ impl Resolve {
             },
         )?;
         let mut loaded = 0usize;
+        let mut lineage_read = false;
         // In log order, so a spec that closed a cycle is refused again, as it was
         // when first consumed.
         let mut specs: Vec<_> = specs.into_iter().collect();
         specs.sort_by_key(|(_, (p, offset, _))| (*p, *offset));
         for (id, (partition, offset, spec)) in specs {
             let Some(spec) = spec else { continue };
-            let held = self.deps.values().map(|o| &o.spec);
-            if let Err(e) = check_cycles(held.chain(std::iter::once(&spec))) {
-                metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
-                tracing::warn!(dependency = %id, error = %e, "spec refused on restore");
-                continue;
+            if spec.produces.is_some() {
+                if !lineage_read {
+                    self.lineage_read_to_end().map_err(|e| e.to_string())?;
+                    lineage_read = true;
+                }
+                let order = self.lineage.order_of(&id).unwrap_or((0, partition, offset));
+                if let Err(e) = self.lineage_verdict(&spec, order) {
+                    tracing::warn!(dependency = %id, error = %e, "spec refused on restore");
+                    continue;
+                }
             }
             let progress = progress.remove(&id).unwrap_or_else(|| Progress {
                 version: spec.version,
@@ -305,6 +320,39 @@ impl Resolve {
         metrics::gauge!(m::DEPENDENCIES).set(self.deps.len() as f64);
         tracing::info!(partitions = ?partitions, dependencies = loaded, "restored dependencies and progress");
         Ok(())
+    }
+}
+
+impl Resolve {
+    /// Refuses `spec` (Poison, with the cycle in the reason) when it closes a cycle
+    /// in the whole dependency set; waits first until the lineage follower has read
+    /// every partition to its current end (Retriable if it cannot).
+    fn check_lineage(&mut self, spec: &DependencySpec, order: Order) -> Result<(), ProcessError> {
+        self.lineage_read_to_end()?;
+        self.lineage_verdict(spec, order)
+    }
+
+    fn lineage_read_to_end(&mut self) -> Result<(), ProcessError> {
+        if self.watermarks.is_none() {
+            let c: BaseConsumer = self
+                .reader
+                .create()
+                .map_err(|e| ProcessError::Retriable(format!("watermark reader: {e}")))?;
+            self.watermarks = Some(c);
+        }
+        if let Some(c) = &self.watermarks {
+            self.lineage
+                .wait_read_to_end(c, &self.topics.dependencies, self.timeout)
+                .map_err(ProcessError::Retriable)?;
+        }
+        Ok(())
+    }
+
+    fn lineage_verdict(&self, spec: &DependencySpec, order: Order) -> Result<(), ProcessError> {
+        self.lineage.verdict(spec, order).map_err(|e| {
+            metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
+            ProcessError::Poison(e.to_string())
+        })
     }
 }
 
@@ -363,18 +411,15 @@ impl Processor for Resolve {
                 metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
             }
         })?;
-        // Cycles are checked against every spec this instance holds; only a spec
+        // Cycles are a property of the whole dependency set (`lineage`); only a spec
         // that produces an asset adds an edge, so only such a spec can close one.
         if spec.produces.is_some() {
-            let others = self
-                .deps
-                .values()
-                .filter(|o| o.spec.id != key && o.spec.produces.is_some())
-                .map(|o| &o.spec);
-            check_cycles(others.chain(std::iter::once(&spec))).map_err(|e| {
-                metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
-                ProcessError::Poison(e.to_string())
-            })?;
+            let order = (
+                input.timestamp_ms.unwrap_or(0),
+                input.partition,
+                input.offset,
+            );
+            self.check_lineage(&spec, order)?;
         }
         self.save(&key);
         let progress = match self.deps.remove(&key) {
