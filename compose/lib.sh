@@ -38,8 +38,9 @@ ensure_airflow() {
 # The real lake writers (pyiceberg, deltalake, pypaimon) the poller tests and the
 # main job commit with.
 # moto's server is the S3-compatible store of the poller tests (S3 / MinIO cannot run here);
-# confluent-kafka's Avro serializer writes the Debezium Avro change events of the CDC test.
-LAKE_PINS=("pyiceberg[sql-sqlite,pyarrow]==0.12.0" "deltalake==1.6.6" "pypaimon==2.1.0" "moto[server]==5.2.5" "confluent-kafka[avro]==2.16.1")
+# confluent-kafka's Avro serializer writes the Debezium Avro change events of the CDC test;
+# pyiceberg's sql-postgres extra lets its SqlCatalog live in the test PostgreSQL.
+LAKE_PINS=("pyiceberg[sql-sqlite,sql-postgres,pyarrow]==0.12.0" "deltalake==1.6.6" "pypaimon==2.1.0" "moto[server]==5.2.5" "confluent-kafka[avro]==2.16.1")
 ensure_lake() {
   bash "$HERE/ensure-venv.sh" lake "${LAKE_PINS[@]}"
   export SLUICE_TEST_LAKE_VENV="$HERE/../.stack/lake-venv"

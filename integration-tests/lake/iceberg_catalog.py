@@ -11,7 +11,8 @@ JSON line with what the catalog now says.
     python iceberg_catalog.py <warehouse> <table> add-column <name> a schema change (no snapshot)
     python iceberg_catalog.py <warehouse> <table> point-to <location> the catalog row names another file
 
-<table> is `namespace.table`; the catalog is `sqlite:///<warehouse>/catalog.db`, named "it".
+<table> is `namespace.table`; the catalog, named "it", is `sqlite:///<warehouse>/catalog.db`,
+or the SQLAlchemy URI given first as `--catalog-uri URI` (e.g. postgresql+psycopg2://…).
 """
 import json
 import os
@@ -24,9 +25,14 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-warehouse, ident, action, *args = sys.argv[1:]
+argv = sys.argv[1:]
+uri = None
+if argv[:1] == ["--catalog-uri"]:
+    uri, argv = argv[1], argv[2:]
+warehouse, ident, action, *args = argv
 os.makedirs(warehouse, exist_ok=True)
-cat = SqlCatalog("it", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+uri = uri or f"sqlite:///{warehouse}/catalog.db"
+cat = SqlCatalog("it", uri=uri, warehouse=f"file://{warehouse}")
 
 
 def report(table, **extra):

@@ -1407,3 +1407,68 @@ async fn a_quiet_table_is_polled_after_the_push_timeout_not_the_interval() {
     drop(ing);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// pyiceberg's SqlCatalog in PostgreSQL (the JDBC / SQL catalog most teams run):
+/// the poller reads the `iceberg_tables` row there, not the directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
+    let names = topics_for("icepg").await;
+    let w = std::env::temp_dir().join(unique("icepg"));
+    let db = sluice_integration_tests::fresh_database().await;
+    let sa = db.replacen("postgres://", "postgresql+psycopg2://", 1);
+    let ice_pg = |action: &str, args: &[&str]| -> Value {
+        let mut argv = vec![
+            "--catalog-uri".to_owned(),
+            sa.clone(),
+            w.display().to_string(),
+            "ods.pg".to_owned(),
+            action.to_owned(),
+        ];
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        let out = lake_script("iceberg_catalog.py", &argv);
+        serde_json::from_str(out.lines().last().expect("a line")).expect("json line")
+    };
+    let path = ice_pg("create", &["v2"])["path"]
+        .as_str()
+        .expect("path")
+        .to_owned();
+    let first = ice_pg("append", &["2024-12-01"]);
+    let tables = json!([{"asset": "lake.ice.pg", "format": "iceberg", "path": path,
+        "catalog": {"kind": "sql", "uri": db, "name": "it", "table": "ods.pg"},
+        "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
+    .to_string();
+    let ing = start(&names, "a", &[("SLUICE_POLL_TABLES", tables.as_str())]).await;
+    let crashed = ice_pg("crash", &["2024-12-02"]);
+    let second = ice_pg("append", &["2024-12-03"]);
+    let want = [&first, &second].map(|m| {
+        id(
+            "lake.ice.pg",
+            m["sequence"].as_i64().expect("seq"),
+            m["snapshot_id"].as_i64().expect("id"),
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let evs = loop {
+        let evs = events(&names).await;
+        let got = count_by_id(&evs);
+        if want.iter().all(|k| got.contains_key(k)) {
+            break evs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not polled from PostgreSQL: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(
+        evs.iter()
+            .all(|e| Some(e.snapshot_id) != crashed["orphan_snapshot_id"].as_i64()),
+        "the uncommitted snapshot is not an event"
+    );
+    println!(
+        "PostgreSQL catalog: {} events, the orphan never one",
+        evs.len()
+    );
+    drop(ing);
+    let _ = std::fs::remove_dir_all(&w);
+}

@@ -22,6 +22,15 @@ pub struct Snapshot {
     pub attributes: Vec<(String, String)>,
 }
 
+/// What a poll learns besides commits, emitted as events of their own kinds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// (sequence, snapshot id, schema id): a schema changed without a commit.
+    pub schema: Option<(i64, i64, i64)>,
+    /// (sequence, snapshot id) of the newest version expired.
+    pub expired: Option<(i64, i64)>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
     #[error("{path}: {error}")]
@@ -119,6 +128,33 @@ pub fn scan(
         TableFormat::Other => return Err(ScanError::NoTable(t.full(Path::new("")))),
     };
     Ok(after_position(all, after))
+}
+
+/// How far a table's history was expired, as (sequence, snapshot id) of the newest
+/// version gone: Paimon snapshots before the oldest `snapshot-N` left, Delta
+/// versions before the oldest `_delta_log` JSON left once a checkpoint covers them.
+/// None when nothing was expired (or the format has no such notion here).
+pub fn expired(format: TableFormat, t: &dyn Tree) -> Result<Option<(i64, i64)>, ScanError> {
+    let oldest = |dir: &str, id: &dyn Fn(&str) -> Option<i64>| -> Result<Option<i64>, ScanError> {
+        Ok(t.list(Path::new(dir))?.iter().filter_map(|n| id(n)).min())
+    };
+    Ok(match format {
+        TableFormat::Paimon => oldest("snapshot", &|n| n.strip_prefix("snapshot-")?.parse().ok())?
+            .filter(|first| *first > 1)
+            .map(|first| (first - 1, first - 1)),
+        TableFormat::Delta => {
+            let first = oldest("_delta_log", &|n| {
+                n.strip_suffix(".json")
+                    .filter(|v| v.len() == 20)?
+                    .parse()
+                    .ok()
+            })?;
+            first
+                .filter(|f| *f > 0 && t.exists(Path::new("_delta_log/_last_checkpoint")))
+                .map(|f| (f - 1, f - 1))
+        }
+        _ => None,
+    })
 }
 
 /// The snapshots newer than `after`, oldest first, one per sequence.
@@ -424,6 +460,36 @@ mod tests {
         let d = std::env::temp_dir().join(format!("sluice-scan-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn expiry_of_paimon_snapshots_and_delta_logs() {
+        let t = dir("expired");
+        std::fs::create_dir_all(t.join("snapshot")).expect("dir");
+        for n in ["snapshot-3", "snapshot-4", "LATEST", "EARLIEST"] {
+            std::fs::write(t.join("snapshot").join(n), "{}").expect("w");
+        }
+        let tree = LocalTree(t.clone());
+        assert_eq!(
+            expired(TableFormat::Paimon, &tree).expect("ok"),
+            Some((2, 2))
+        );
+        std::fs::write(t.join("snapshot/snapshot-1"), "{}").expect("w");
+        assert_eq!(expired(TableFormat::Paimon, &tree).expect("ok"), None);
+        let log = t.join("_delta_log");
+        std::fs::create_dir_all(&log).expect("dir");
+        std::fs::write(log.join(format!("{:020}.json", 5)), "").expect("w");
+        assert_eq!(
+            expired(TableFormat::Delta, &tree).expect("ok"),
+            None,
+            "no checkpoint"
+        );
+        std::fs::write(log.join("_last_checkpoint"), r#"{"version": 4}"#).expect("w");
+        assert_eq!(
+            expired(TableFormat::Delta, &tree).expect("ok"),
+            Some((4, 4))
+        );
+        let _ = std::fs::remove_dir_all(&t);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use sluice_core::Operation;
 
-use super::formats::{ScanError, Snapshot, Tree};
+use super::formats::{Facts, ScanError, Snapshot, Tree};
 
 /// Where the current metadata of a table is found (`catalog` of a polled table).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -522,17 +522,9 @@ pub fn snapshots(meta: &Value, follow: &str) -> Result<Vec<Snapshot>, String> {
 }
 
 /// What the current metadata says beyond its commits: a schema change made
-/// without a snapshot, and how far history was expired.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Facts {
-    /// (sequence, snapshot id) of the followed ref's head and the table's current
-    /// schema id, when that schema is newer than the one the head was written with.
-    pub schema: Option<(i64, i64, i64)>,
-    /// (sequence, snapshot id) of the newest expired ancestor: the oldest retained
-    /// snapshot's parent is gone, so everything before that snapshot is expired.
-    pub expired: Option<(i64, i64)>,
-}
-
+/// without a snapshot (the head's sequence and snapshot id with the current schema
+/// id), and how far history was expired (the oldest retained snapshot's parent is
+/// gone, so everything before that snapshot is).
 pub fn facts(meta: &Value, follow: &str, commits: &[Snapshot]) -> Facts {
     let mut out = Facts::default();
     let (Some(head), Some(oldest)) = (commits.last(), commits.first()) else {

@@ -378,15 +378,24 @@ impl Poller {
             },
             _ => tokio::task::spawn_blocking({
                 let fmt = t.format;
-                move || formats::scan(fmt, tree.as_ref(), position)
+                move || {
+                    let found = formats::scan(fmt, tree.as_ref(), position)?;
+                    let expired = formats::expired(fmt, tree.as_ref())?;
+                    Ok((
+                        found,
+                        formats::Facts {
+                            schema: None,
+                            expired,
+                        },
+                    ))
+                }
             })
             .await
             .map_err(|e| ScanError::Corrupt {
                 path: t.path.clone(),
                 reason: e.to_string(),
             })
-            .and_then(|r| r)
-            .map(|found| (found, iceberg::Facts::default())),
+            .and_then(|r| r),
         };
         let (found, facts) = match scanned {
             Ok(found) => found,
