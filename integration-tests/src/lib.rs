@@ -354,3 +354,25 @@ pub fn produce_all(topic: &str, records: &[(String, Vec<u8>)]) -> f64 {
     producer.flush(Duration::from_secs(60)).expect("flush");
     records.len() as f64 / started.elapsed().as_secs_f64()
 }
+
+/// Joins `group` under `client_id` — another member's group.instance.id — until it
+/// is given partitions, then leaves: the member that held that instance id is
+/// fenced, as a static member is when it comes back after its session timed out
+/// (seen after a broker restart). Its next group call fails fatally.
+pub fn fence_static_member(client_id: &str, group: &str, topic: &str) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let impostor: BaseConsumer = kafka()
+        .consumer_config(client_id, group)
+        .create()
+        .expect("consumer");
+    impostor.subscribe(&[topic]).expect("subscribe");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while impostor.assignment().map_or(0, |a| a.count()) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the impostor never got partitions"
+        );
+        impostor.poll(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+}

@@ -1253,7 +1253,6 @@ async fn a_real_airflow_3_runs_each_trigger_once_and_is_followed_to_its_end() {
 /// member the same way; the intake must build a new consumer and lose nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_triggers_consumer_is_rebuilt_and_no_trigger_is_lost() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     let run = Run::new().await;
     let targets = format!("[{}]", run.hook_target("fenced", ""));
     let mut d = run.spawn("f", &targets, &[]);
@@ -1263,27 +1262,12 @@ async fn a_fenced_triggers_consumer_is_rebuilt_and_no_trigger_is_lost() {
     run.publish(&before, 1).await;
     run.wait_status(&keys(&before), "SUCCEEDED", Duration::from_secs(60))
         .await;
-    // The impostor: the dispatcher's client id is its group.instance.id.
-    let impostor: BaseConsumer = kafka()
-        .consumer_config(
-            "sluice-dispatcher-f",
-            &format!("{}dispatcher", run.names.prefix),
-        )
-        .create()
-        .expect("consumer");
-    impostor
-        .subscribe(&[&run.names.name(Topic::Triggers)])
-        .expect("subscribe");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while impostor.assignment().map_or(0, |a| a.count()) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the impostor never got partitions"
-        );
-        impostor.poll(Duration::from_millis(100));
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    drop(impostor);
+    // The dispatcher's client id is its group.instance.id.
+    sluice_integration_tests::fence_static_member(
+        "sluice-dispatcher-f",
+        &format!("{}dispatcher", run.names.prefix),
+        &run.names.name(Topic::Triggers),
+    );
     let after: Vec<TriggerRecord> = (5..25)
         .map(|n| trigger(n, WireTargetKind::Webhook, "fenced"))
         .collect();

@@ -130,6 +130,36 @@ fn expected_keys(specs: &[DependencySpec], rounds: i64) -> Vec<BTreeSet<String>>
     per_round
 }
 
+/// A spec reading `input` whose target writes `out` (an edge of the lineage graph).
+fn producing(id: &str, kind: &str, input: &str, out: &str) -> DependencySpec {
+    DependencySpec::from_json(&format!(
+        r#"{{"id": "{id}", "version": 1, "owner_project": "it", "target": {{"kind": "{kind}", "name": "{id}"}},
+           "condition": {{"input": {{"asset": "{input}"}}}}, "produces": "{out}"}}"#
+    ))
+    .expect("valid alone")
+}
+
+/// Sends `spec` to one partition of the dependencies topic (not flushed).
+async fn send_spec(
+    p: &BaseProducer,
+    codec: &Codec,
+    topic: &str,
+    partition: i32,
+    spec: &DependencySpec,
+) {
+    let bytes = codec
+        .encode(SchemaName::DependencySpec, topic, &WireSpec::from(spec))
+        .await
+        .expect("encode spec");
+    p.send(
+        BaseRecord::to(topic)
+            .partition(partition)
+            .key(&spec.id)
+            .payload(&bytes),
+    )
+    .expect("send spec");
+}
+
 struct Run {
     names: TopicNames,
 }
@@ -171,29 +201,13 @@ impl Run {
                 .payload(&[0xC3u8, 0x01, 0x02][..]),
         )
         .expect("send garbage");
-        let cyc = |id: &str, input: &str, out: &str| {
-            DependencySpec::from_json(&format!(
-                r#"{{"id": "{id}", "version": 1, "owner_project": "it", "target": {{"kind": "command", "name": "{id}"}},
-                   "condition": {{"input": {{"asset": "{input}"}}}}, "produces": "{out}"}}"#
-            ))
-            .expect("valid alone")
-        };
-        // Both on partition 0, so the instance that owns it sees the cycle whole.
+        let cyc = |id: &str, input: &str, out: &str| producing(id, "command", input, out);
+        // cyc-b, appended after cyc-a, is the spec that closes the cycle.
         for s in [
             cyc("cyc-a", "lake.x.a", "lake.x.b"),
             cyc("cyc-b", "lake.x.b", "lake.x.a"),
         ] {
-            let bytes = codec
-                .encode(SchemaName::DependencySpec, &topic, &WireSpec::from(&s))
-                .await
-                .expect("encode");
-            p.send(
-                BaseRecord::to(&topic)
-                    .partition(0)
-                    .key(&s.id)
-                    .payload(&bytes),
-            )
-            .expect("send cycle spec");
+            send_spec(&p, &codec, &topic, 0, &s).await;
         }
         p.flush(T).expect("flush");
     }
@@ -444,28 +458,12 @@ async fn a_cycle_across_two_instances_is_refused_once_visibly() {
         .producer_config("rc-test")
         .create()
         .expect("producer");
-    let spec = |id: &str, input: &str, out: &str| {
-        DependencySpec::from_json(&format!(
-            r#"{{"id": "{id}", "version": 1, "owner_project": "it", "target": {{"kind": "webhook", "name": "{id}"}},
-               "condition": {{"input": {{"asset": "{input}"}}}}, "produces": "{out}"}}"#
-        ))
-        .expect("valid alone")
-    };
+    let spec = |id: &str, input: &str, out: &str| producing(id, "webhook", input, out);
     for (partition, s) in [
         (0, spec("first", "lake.c.x", "lake.c.y")),
         (1, spec("closer", "lake.c.y", "lake.c.x")),
     ] {
-        let bytes = codec
-            .encode(SchemaName::DependencySpec, &topic, &WireSpec::from(&s))
-            .await
-            .expect("encode");
-        p.send(
-            BaseRecord::to(&topic)
-                .partition(partition)
-                .key(&s.id)
-                .payload(&bytes),
-        )
-        .expect("send spec");
+        send_spec(&p, &codec, &topic, partition, &s).await;
         p.flush(T).expect("flush");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -305,30 +305,17 @@ async fn two_instances_and_a_rebalance_give_the_same_result() {
 /// builds a new consumer, restores, and the fold stays exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fenced_consumer_is_rebuilt_and_the_fold_stays_exactly_once() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     let run = Run::new().await;
     let events = workload(100, 11, 3);
     let (first, second) = events.split_at(events.len() / 2);
     run.produce(first, 0).await;
     let mut a = run.spawn("f");
     run.wait_committed(first.len() as i64, Duration::from_secs(90));
-    let impostor: BaseConsumer = kafka()
-        .consumer_config("sluice-state-updater-f", &run.group)
-        .create()
-        .expect("consumer");
-    impostor
-        .subscribe(&[&run.names.name(Topic::AssetEvents)])
-        .expect("subscribe");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while impostor.assignment().map_or(0, |a| a.count()) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the impostor never got partitions"
-        );
-        impostor.poll(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(2));
-    drop(impostor);
+    sluice_integration_tests::fence_static_member(
+        "sluice-state-updater-f",
+        &run.group,
+        &run.names.name(Topic::AssetEvents),
+    );
     run.produce(second, 0).await;
     run.wait_committed(events.len() as i64, Duration::from_secs(120));
     assert!(

@@ -197,24 +197,20 @@ pub async fn current(
             let ns = ns.join(".");
             const Q: &str = "SELECT metadata_location FROM iceberg_tables \
                              WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3";
+            macro_rules! location {
+                ($pool:expr) => {
+                    sqlx::query_scalar(Q)
+                        .bind(name)
+                        .bind(&ns)
+                        .bind(tbl)
+                        .fetch_optional($pool)
+                        .await
+                };
+            }
             let row: Result<Option<Option<String>>, sqlx::Error> = match client {
-                Client::Sqlite(pool) => {
-                    sqlx::query_scalar(Q)
-                        .bind(name)
-                        .bind(&ns)
-                        .bind(tbl)
-                        .fetch_optional(pool)
-                        .await
-                }
-                Client::Postgres(pool) => {
-                    sqlx::query_scalar(Q)
-                        .bind(name)
-                        .bind(&ns)
-                        .bind(tbl)
-                        .fetch_optional(pool)
-                        .await
-                }
-                _ => unreachable!("matched above"),
+                Client::Sqlite(pool) => location!(pool),
+                Client::Postgres(pool) => location!(pool),
+                _ => return Err(catalog_error(table.clone(), "no SQL connection")),
             };
             let what = format!("catalog {name} table {table}");
             let location = match row {
