@@ -1414,3 +1414,148 @@ async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
     kill(&mut d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The pre-send check of the Doris dispatcher design: a job claimed for an
+/// invocation whose durable record moved before the send (a sweep, an operator's
+/// settle, a peer) is not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_moved_after_its_claim_is_not_sent() {
+    use sluice_dispatcher::store::{self, ClaimLimits, NewTrigger};
+    use sluice_dispatcher::targets::{Kind, Targets};
+    let run = Run::new().await;
+    let targets = Targets::parse(&format!("[{}]", run.hook_target("pre", ""))).expect("targets");
+    let target = targets.get(Kind::Webhook, "pre").expect("target").clone();
+    let epoch = sluice_dispatcher::take_epoch(&run.pool, "pre")
+        .await
+        .expect("epoch");
+    let new = |n: usize| {
+        let t = trigger(n, WireTargetKind::Webhook, "pre");
+        NewTrigger {
+            trigger_key: t.trigger_key,
+            dependency_id: t.dependency_id,
+            dependency_version: 1,
+            target_kind: "WEBHOOK".into(),
+            target_name: "pre".into(),
+            target_parameters: "{}".into(),
+            inputs: "[]".into(),
+            partition: None,
+            window_end_ms: None,
+            reason: "test".into(),
+            first_commit_ms: 1_700_000_000_000,
+            requested_ms: 1_700_000_000_000,
+            source_partition: 0,
+            source_offset: n as i64,
+        }
+    };
+    store::record_triggers(&run.pool, &[new(1), new(2)])
+        .await
+        .expect("recorded");
+    let limits = ClaimLimits {
+        max_in_flight: 10,
+        max_per_round: 10,
+        deadline: Duration::from_secs(30),
+    };
+    let claimed = store::claim(&run.pool, "WEBHOOK", "pre", &limits, epoch, "pre")
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let (moved, kept) = (&claimed[0], &claimed[1]);
+    // Between the claim and the send, the first job moves on (as a sweep would).
+    sqlx::query(
+        "UPDATE jobs SET status = 'UNKNOWN', revision = revision + 1 WHERE trigger_key = $1",
+    )
+    .bind(&moved.trigger_key)
+    .execute(&run.pool)
+    .await
+    .expect("move");
+    let d = sluice_dispatcher::dispatch::Dispatcher {
+        pool: run.pool.clone(),
+        targets: std::sync::Arc::new(targets.clone()),
+        adapters: sluice_dispatcher::adapters::Adapters::new(
+            None,
+            &[],
+            sluice_dispatcher::command::Runs {
+                root: std::env::temp_dir().join(unique("pre")),
+                instance: "pre".into(),
+            },
+        )
+        .expect("adapters"),
+        epoch,
+        instance: "pre".into(),
+        round: Duration::from_millis(100),
+        look_every: Duration::from_secs(1),
+        fault: sluice_dispatcher::dispatch::Fault::None,
+    };
+    d.send(target.clone(), moved.clone()).await;
+    d.send(target, kept.clone()).await;
+    let sent: Vec<String> = run.calls().into_iter().map(|c| c.key).collect();
+    assert_eq!(
+        sent,
+        [kept.trigger_key.clone()],
+        "only the job still claimed was sent"
+    );
+    let s = run.statuses().await;
+    assert_eq!(s[&moved.trigger_key].0, "UNKNOWN", "left as it was moved");
+    assert_eq!(s[&kept.trigger_key].0, "SUCCEEDED");
+}
+
+/// An UNKNOWN job may still be running at the target: it keeps its slot under
+/// `max_in_flight` until an operator (or a reconcile) settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_job_keeps_its_in_flight_slot_until_settled() {
+    let run = Run::new().await;
+    let targets = format!(
+        "[{}]",
+        run.hook_target(
+            "capped",
+            r#", "max_in_flight": 1, "send_timeout_ms": 500, "deadline_ms": 1500"#
+        )
+    );
+    let first = trigger(1, WireTargetKind::Webhook, "capped");
+    let mut faulty = run.spawn(
+        "u",
+        &targets,
+        &[("SLUICE_DISPATCHER_FAULT", "abort_after_mark_running")],
+    );
+    run.publish(std::slice::from_ref(&first), 1).await;
+    let _ = faulty.wait();
+    let mut d = run.spawn("u", &targets, &[]);
+    run.wait_status(
+        &keys(std::slice::from_ref(&first)),
+        "UNKNOWN",
+        Duration::from_secs(60),
+    )
+    .await;
+    let second = trigger(2, WireTargetKind::Webhook, "capped");
+    run.publish(std::slice::from_ref(&second), 1).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let s = run.statuses().await;
+    assert_eq!(
+        s.get(&second.trigger_key).map(|(st, _)| st.as_str()),
+        Some("PENDING"),
+        "the slot is held by the UNKNOWN job"
+    );
+    assert!(run.calls().is_empty());
+    let out = Command::new(service_binary("sluice-dispatcher"))
+        .args([
+            "settle",
+            &first.trigger_key,
+            "failed",
+            "checked: it never ran",
+        ])
+        .env("SLUICE_DATABASE_URL", &run.db)
+        .output()
+        .expect("settle");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.wait_status(
+        &keys(std::slice::from_ref(&second)),
+        "SUCCEEDED",
+        Duration::from_secs(60),
+    )
+    .await;
+    kill(&mut d);
+}
