@@ -1491,7 +1491,7 @@ async fn a_job_that_moved_after_its_claim_is_not_sent() {
     let sent: Vec<String> = run.calls().into_iter().map(|c| c.key).collect();
     assert_eq!(
         sent,
-        [kept.trigger_key.clone()],
+        std::slice::from_ref(&kept.trigger_key),
         "only the job still claimed was sent"
     );
     let s = run.statuses().await;
