@@ -3,7 +3,10 @@ main job: pyiceberg (SQL catalog on SQLite), pypaimon (filesystem catalog) and
 deltalake (delta-rs). Prints one JSON line per commit with what the table's own
 metadata now says, so a test can compare it with the events Sluice emits.
 
-    python commit.py iceberg|paimon|delta <warehouse> <db> <table> <commits> [rows]
+    python commit.py iceberg|paimon|delta|delta-by-day <warehouse> <db> <table> <commits> [rows]
+
+delta-by-day writes a Delta table partitioned by a `dt` column, commit i into
+dt=2024-12-0<i+1>.
 
 The table directory is <warehouse>/<db>.db/<table> for Paimon and
 <warehouse>/<db>/<table> for Iceberg (pyiceberg's SQL catalog) and Delta; each
@@ -72,8 +75,22 @@ def delta(warehouse, db, name, commits, n):
                           "commit_time_ms": h.get("timestamp")}), flush=True)
 
 
+def delta_by_day(warehouse, db, name, commits, n):
+    from deltalake import DeltaTable, write_deltalake
+    path = os.path.join(warehouse, db, name)
+    start = DeltaTable(path).version() + 1 if os.path.exists(os.path.join(path, "_delta_log")) else 0
+    for i in range(commits):
+        data = rows(n, i * n).append_column("dt", pa.array([f"2024-12-{start + i + 1:02}"] * n, pa.string()))
+        write_deltalake(path, data, mode="append", partition_by=["dt"])
+        t = DeltaTable(path)
+        h = t.history(1)[0]
+        print(json.dumps({"path": path, "snapshot_id": t.version(), "sequence": t.version(),
+                          "commit_time_ms": h.get("timestamp"), "partition": f"dt=2024-12-{start + i + 1:02}"}),
+              flush=True)
+
+
 if __name__ == "__main__":
     fmt, warehouse, db, name, commits = sys.argv[1:6]
     n = int(sys.argv[6]) if len(sys.argv) > 6 else 10
     os.makedirs(warehouse, exist_ok=True)
-    {"iceberg": iceberg, "paimon": paimon, "delta": delta}[fmt](os.path.abspath(warehouse), db, name, int(commits), n)
+    {"iceberg": iceberg, "paimon": paimon, "delta": delta, "delta-by-day": delta_by_day}[fmt](os.path.abspath(warehouse), db, name, int(commits), n)

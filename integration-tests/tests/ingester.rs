@@ -1472,3 +1472,35 @@ async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
     drop(ing);
     let _ = std::fs::remove_dir_all(&w);
 }
+
+/// A lost push must not mean a partition that never fires: the poller emits the
+/// partitions a Delta commit wrote (its `add` actions' partitionValues), here of a
+/// table delta-rs wrote partitioned by `dt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polled_delta_commits_carry_the_partitions_they_wrote() {
+    let names = topics_for("dp").await;
+    let root = std::env::temp_dir().join(unique("dp"));
+    let (path, commits) = commit("delta-by-day", &root.join("delta"), "by_day", 2);
+    let tables = json!([{"asset": "lake.ods.by_day", "format": "delta", "path": path,
+        "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
+    .to_string();
+    let ing = start(&names, "a", &[("SLUICE_POLL_TABLES", tables.as_str())]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let partitions = loop {
+        let by_seq: BTreeMap<i64, Vec<String>> = events(&names)
+            .await
+            .into_iter()
+            .map(|e| (e.sequence, e.partitions))
+            .collect();
+        if by_seq.len() >= commits.len() {
+            break by_seq;
+        }
+        assert!(Instant::now() < deadline, "not polled: {by_seq:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    println!("delta partitions by version: {partitions:?}");
+    assert_eq!(partitions[&commits[0].1], ["dt=2024-12-01"]);
+    assert_eq!(partitions[&commits[1].1], ["dt=2024-12-02"]);
+    drop(ing);
+    let _ = std::fs::remove_dir_all(&root);
+}
