@@ -2,7 +2,9 @@
 poller may believe: each call does one thing with the real writer and prints one
 JSON line with what the catalog now says.
 
-    python iceberg_catalog.py <warehouse> <table> create [v1|v2]   partitioned by dt, partitions in summaries
+    python iceberg_catalog.py <warehouse> <table> create [v1|v2] [no-summary]
+                                                                    partitioned by dt, partitions in the
+                                                                    snapshot summaries unless no-summary
     python iceberg_catalog.py <warehouse> <table> append <dt> [branch]
     python iceberg_catalog.py <warehouse> <table> crash <dt>        a writer that dies after writing its
                                                                     metadata file, before the catalog's swap
@@ -61,8 +63,10 @@ if action == "create":
     schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "dt", StringType(), required=False))
     spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="dt"))
     version = (args[0] if args else "v2").lstrip("v")
-    t = cat.create_table(ident, schema=schema, partition_spec=spec,
-                         properties={"format-version": version, "write.summary.partition-limit": "100"})
+    props = {"format-version": version}
+    if "no-summary" not in args:
+        props["write.summary.partition-limit"] = "100"
+    t = cat.create_table(ident, schema=schema, partition_spec=spec, properties=props)
     report(t)
 elif action == "append":
     t = cat.load_table(ident)

@@ -1409,7 +1409,9 @@ async fn a_quiet_table_is_polled_after_the_push_timeout_not_the_interval() {
 }
 
 /// pyiceberg's SqlCatalog in PostgreSQL (the JDBC / SQL catalog most teams run):
-/// the poller reads the `iceberg_tables` row there, not the directory.
+/// the poller reads the `iceberg_tables` row there, not the directory; the table
+/// writes no partition summaries, so each commit's partitions come from the
+/// manifests it added.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
     let names = topics_for("icepg").await;
@@ -1428,7 +1430,8 @@ async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
         let out = lake_script("iceberg_catalog.py", &argv);
         serde_json::from_str(out.lines().last().expect("a line")).expect("json line")
     };
-    let path = ice_pg("create", &["v2"])["path"]
+    // No partition summaries: the poller reads the partitions from the manifests.
+    let path = ice_pg("create", &["v2", "no-summary"])["path"]
         .as_str()
         .expect("path")
         .to_owned();
@@ -1465,9 +1468,20 @@ async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
             .all(|e| Some(e.snapshot_id) != crashed["orphan_snapshot_id"].as_i64()),
         "the uncommitted snapshot is not an event"
     );
+    let parts: Vec<(i64, Vec<String>)> = evs
+        .iter()
+        .map(|e| (e.sequence, e.partitions.clone()))
+        .collect();
     println!(
-        "PostgreSQL catalog: {} events, the orphan never one",
+        "PostgreSQL catalog: {} events, the orphan never one; partitions from manifests {parts:?}",
         evs.len()
+    );
+    assert_eq!(
+        parts,
+        [
+            (1, vec!["dt=2024-12-01".to_owned()]),
+            (2, vec!["dt=2024-12-03".to_owned()])
+        ]
     );
     drop(ing);
     let _ = std::fs::remove_dir_all(&w);

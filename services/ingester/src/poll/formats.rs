@@ -18,6 +18,9 @@ pub struct Snapshot {
     pub schema_id: Option<i64>,
     /// The partitions the commit wrote, as `k=v/k2=v2` paths (empty: unknown or unpartitioned).
     pub partitions: Vec<String>,
+    /// Iceberg: the snapshot's manifest list, read for its partitions when the
+    /// summary does not name them.
+    pub manifest_list: Option<String>,
     /// e.g. `hudi.action=deltacommit`, `paimon.commit_kind=APPEND`.
     pub attributes: Vec<(String, String)>,
 }
@@ -216,6 +219,7 @@ fn paimon(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> 
                 .filter(|w| *w != i64::MIN),
             schema_id: s.get("schemaId").and_then(Value::as_i64),
             partitions: Vec::new(),
+            manifest_list: None,
             attributes: vec![("paimon.commit_kind".into(), kind)],
         });
     }
@@ -259,6 +263,7 @@ fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
                 watermark_ms: None,
                 schema_id: None,
                 partitions: Vec::new(),
+                manifest_list: None,
                 attributes: vec![("delta.from".into(), "checkpoint".into())],
             });
         }
@@ -331,6 +336,7 @@ fn delta(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
             // schema stands for it, so `schema_unchanged` sees each change.
             schema_id: schema_changed.then_some(v),
             partitions: partitions.into_iter().collect(),
+            manifest_list: None,
             attributes,
         });
     }
@@ -443,6 +449,7 @@ fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
             watermark_ms: None,
             schema_id: None,
             partitions,
+            manifest_list: None,
             attributes,
         });
     }

@@ -511,10 +511,99 @@ pub fn snapshots(meta: &Value, follow: &str) -> Result<Vec<Snapshot>, String> {
             watermark_ms: None,
             schema_id: s.get("schema-id").and_then(Value::as_i64),
             partitions,
+            manifest_list: s
+                .get("manifest-list")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             attributes: vec![("iceberg.operation".into(), op.into())],
         });
     }
     Ok(out)
+}
+
+/// The partitions a snapshot added data files to, read from its manifests: the
+/// fallback when the snapshot summary does not list them (a table without
+/// `write.summary.partition-limit`). Manifests of other snapshots and files that
+/// were not added by this one are skipped. Values are rendered as Iceberg renders
+/// identity partitions (`dt=2024-12-01`); other transforms show their raw value.
+pub fn manifest_partitions(
+    tree: &dyn Tree,
+    table_path: &Path,
+    snapshot_id: i64,
+    manifest_list: &str,
+) -> Result<Vec<String>, ScanError> {
+    use apache_avro::types::Value as Avro;
+    let read_avro = |location: &str| -> Result<Vec<Avro>, ScanError> {
+        let rel = relative_to(table_path, location).ok_or_else(|| {
+            catalog_error(location.to_owned(), "a manifest outside the table's path")
+        })?;
+        let bytes = tree.read(&rel)?;
+        let corrupt = |e: apache_avro::Error| ScanError::Corrupt {
+            path: tree.full(&rel),
+            reason: format!("Avro manifest: {e}"),
+        };
+        apache_avro::Reader::new(&bytes[..])
+            .map_err(corrupt)?
+            .map(|r| r.map_err(corrupt))
+            .collect()
+    };
+    // A record's field (unions unwrapped), keeping the record's own field order.
+    fn field<'a>(v: &'a Avro, name: &str) -> Option<&'a Avro> {
+        match v {
+            Avro::Union(_, inner) => field(inner, name),
+            Avro::Record(fields) => fields.iter().find(|(n, _)| n == name).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+    fn long(v: Option<&Avro>) -> Option<i64> {
+        match v? {
+            Avro::Union(_, inner) => long(Some(inner)),
+            Avro::Long(n) => Some(*n),
+            Avro::Int(n) => Some(i64::from(*n)),
+            _ => None,
+        }
+    }
+    fn text(v: &Avro) -> String {
+        match v {
+            Avro::Union(_, inner) => text(inner),
+            Avro::Null => "null".into(),
+            Avro::String(s) => s.clone(),
+            Avro::Int(n) | Avro::Date(n) => n.to_string(),
+            Avro::Long(n) => n.to_string(),
+            Avro::Boolean(b) => b.to_string(),
+            other => Value::try_from(other.clone()).map_or_else(|_| "?".into(), |j| j.to_string()),
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    for m in read_avro(manifest_list)? {
+        let added_here = long(field(&m, "added_snapshot_id")) == Some(snapshot_id);
+        let data = long(field(&m, "content")).unwrap_or(0) == 0;
+        let path = match field(&m, "manifest_path") {
+            Some(Avro::String(p)) => p.clone(),
+            _ => continue,
+        };
+        if !(added_here && data) {
+            continue;
+        }
+        for entry in read_avro(&path)? {
+            // status 1 = ADDED; a null snapshot id is inherited from the manifest's.
+            let added = long(field(&entry, "status")) == Some(1);
+            let by_this = long(field(&entry, "snapshot_id")).is_none_or(|id| id == snapshot_id);
+            let partition = field(&entry, "data_file").and_then(|d| field(d, "partition"));
+            if let (true, true, Some(Avro::Record(fields))) = (added, by_this, partition)
+                && !fields.is_empty()
+            {
+                out.insert(
+                    fields
+                        .iter()
+                        .map(|(k, v)| format!("{k}={}", text(v)))
+                        .collect::<Vec<_>>()
+                        .join("/"),
+                );
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// What the current metadata says beyond its commits: a schema change made

@@ -346,7 +346,7 @@ impl Poller {
         };
         let scanned = match (&t.catalog, &p.catalog) {
             (Some(catalog), Some(client)) => match client {
-                Ok(client) => iceberg::current(catalog, client, tree, &t.path)
+                Ok(client) => iceberg::current(catalog, client, tree.clone(), &t.path)
                     .await
                     .and_then(|current| {
                         let all =
@@ -377,7 +377,7 @@ impl Poller {
                 }),
             },
             _ => tokio::task::spawn_blocking({
-                let fmt = t.format;
+                let (fmt, tree) = (t.format, tree.clone());
                 move || {
                     let found = formats::scan(fmt, tree.as_ref(), position)?;
                     let expired = formats::expired(fmt, tree.as_ref())?;
@@ -405,7 +405,43 @@ impl Poller {
                 return;
             }
         };
-        let emit = to_emit(found, position, t.start);
+        let mut emit = to_emit(found, position, t.start);
+        // Iceberg snapshots whose summary names no partitions: read their manifests
+        // (only of what is emitted now, never the whole history).
+        if t.format == TableFormat::Iceberg
+            && emit
+                .iter()
+                .any(|s| s.partitions.is_empty() && s.manifest_list.is_some())
+        {
+            let (tree, path) = (tree.clone(), t.path.clone());
+            let read = tokio::task::spawn_blocking(move || {
+                for s in emit.iter_mut().filter(|s| s.partitions.is_empty()) {
+                    if let Some(list) = s.manifest_list.clone() {
+                        s.partitions = iceberg::manifest_partitions(
+                            tree.as_ref(),
+                            &path,
+                            s.snapshot_id,
+                            &list,
+                        )?;
+                    }
+                }
+                Ok::<_, ScanError>(emit)
+            })
+            .await
+            .map_err(|e| ScanError::Corrupt {
+                path: t.path.clone(),
+                reason: e.to_string(),
+            })
+            .and_then(|r| r);
+            emit = match read {
+                Ok(emit) => emit,
+                Err(e) => {
+                    metrics::counter!(m::POLL_ERRORS_TOTAL, "format" => format).increment(1);
+                    tracing::warn!(asset = %t.asset, error = %e, "manifests not read; retried at the next poll");
+                    return;
+                }
+            };
+        }
         let mut events: Vec<AssetEvent> = emit.iter().map(|s| event(&t, s)).collect();
         // A schema changed without a commit, and history expired: facts of their own
         // kinds, emitted when they differ from what this poller last emitted (the fold
@@ -471,6 +507,7 @@ mod tests {
             watermark_ms: None,
             schema_id: None,
             partitions: Vec::new(),
+            manifest_list: None,
             attributes: Vec::new(),
         }
     }
