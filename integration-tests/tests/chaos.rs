@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
+use sluice_core::DependencySpec;
+use sluice_core::decide::{self, Cause, Progress};
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, Operation, TableFormat};
 use sluice_integration_tests::pipeline::{Pipeline, SERVICES, TOKEN};
 use sluice_integration_tests::unique;
-use sluice_resolver::decide::{self, Cause, Progress};
-use sluice_resolver::spec::DependencySpec;
 use sqlx::PgPool;
 
 struct Scale {

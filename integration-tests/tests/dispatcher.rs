@@ -17,15 +17,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use sluice_core::JobStatus;
 use sluice_dispatcher::adapters::{
     IDEMPOTENCY_HEADER, INVOCATION_HEADER, SIGNATURE_HEADER, signature,
 };
-use sluice_dispatcher::publish::{JobStatus, RunRecord};
 use sluice_integration_tests::{
     bootstrap, dispatcher_database, free_port, fresh_topics, kafka, read_topic, service_binary,
     unique, venv_bin,
 };
 use sluice_kit::topics::{Topic, TopicNames};
+use sluice_kit::wire::RunRecord;
 use sluice_kit::wire::{TriggerInput, TriggerRecord, TriggerTarget, WireTargetKind};
 use sluice_kit::{Codec, SchemaName};
 use sqlx::PgPool;

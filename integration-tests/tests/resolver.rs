@@ -13,14 +13,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use sluice_core::DependencySpec;
+use sluice_core::decide::{self, Cause, Progress};
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, Operation, TableFormat};
 use sluice_integration_tests::{bootstrap, free_port, kafka, read_topic, service_binary, unique};
 use sluice_kit::topics::{self, Topic, TopicNames};
 use sluice_kit::wire::StateRecord;
+use sluice_kit::wire::{TriggerRecord, WireSpec};
 use sluice_kit::{Codec, SchemaName};
-use sluice_resolver::decide::{self, Cause, Progress};
-use sluice_resolver::records::TriggerRecord;
-use sluice_resolver::spec::{DependencySpec, WireSpec};
 
 const T: Duration = Duration::from_secs(30);
 const PARTITIONS: i32 = 4;

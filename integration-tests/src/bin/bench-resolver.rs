@@ -16,13 +16,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_core::DependencySpec;
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
 use sluice_integration_tests::{create_topic, kafka, produce_all, raw_consume, rss_bytes, unique};
 use sluice_kit::txn::{Input, Processor};
 use sluice_kit::wire::StateRecord;
+use sluice_kit::wire::WireSpec;
 use sluice_kit::{Codec, SchemaName};
 use sluice_resolver::resolve::{Resolve, Topics};
-use sluice_resolver::spec::{DependencySpec, WireSpec};
 use sluice_resolver::table::GlobalTable;
 
 fn key(i: usize) -> AssetKey {

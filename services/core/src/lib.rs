@@ -8,11 +8,15 @@
 //! * [`event`] — [`AssetEvent`], the evidence, with its deterministic [`EventId`].
 //! * [`state`] — [`AssetState`] and the monotonic fold (reordering and duplicates are harmless).
 //! * [`condition`] — the dependency condition tree (ALL / ANY over per-asset predicates).
+//! * [`dependency`] — [`DependencySpec`]: a condition with its mode, coalescing and target, validated, and the cycle check over a set.
+//! * [`decide`] — the decision of one dependency: what fires now and what its progress becomes.
 //! * [`trigger`] — [`TriggerKey`], the exactly-once identity of a trigger.
 //! * [`job`] — the statuses of a dispatch job.
 
 pub mod asset;
 pub mod condition;
+pub mod decide;
+pub mod dependency;
 pub mod event;
 pub mod job;
 pub mod state;
@@ -22,6 +26,8 @@ mod digest;
 
 pub use asset::{AssetKey, TableFormat};
 pub use condition::{Baseline, Condition, InputCondition, Predicate, Scope};
+pub use decide::{Cause, Fire, Progress};
+pub use dependency::{DependencySpec, SpecError, TargetKind};
 pub use event::{AssetEvent, EventId, EventKind, EventSource, Operation, QualityStatus};
 pub use job::JobStatus;
 pub use state::{AssetState, FoldOutcome};

@@ -6,30 +6,13 @@
 use std::time::Duration;
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use serde::{Deserialize, Serialize};
-pub use sluice_core::JobStatus;
+use sluice_core::JobStatus;
+use sluice_kit::wire::RunRecord;
 use sluice_kit::{Codec, SchemaName, Shutdown};
 use sqlx::PgPool;
 
 use crate::metrics as m;
 use crate::store::{self, TransitionRow};
-
-/// Value of the runs topic (`schemas/run-status.avsc`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename = "RunStatus")]
-pub struct RunRecord {
-    pub trigger_key: String,
-    pub dependency_id: String,
-    pub target_kind: String,
-    pub target_name: String,
-    pub status: JobStatus,
-    pub revision: i64,
-    pub attempt: i32,
-    pub invocation_id: Option<String>,
-    pub external_id: Option<String>,
-    pub reason: Option<String>,
-    pub updated_ms: i64,
-}
 
 fn record(row: &TransitionRow) -> Result<RunRecord, String> {
     let status = JobStatus::parse(&row.status)

@@ -1,18 +1,17 @@
 //! The resolver: evaluates dependency specs against the global asset-state table
 //! and produces exactly-once trigger requests.
 //!
-//! * [`spec`] — the DependencySpec, its Avro and JSON forms, validation, cycles.
-//! * [`decide`] — the pure per-dependency decision (conditions, coalescing, keys).
+//! The dependency model and its decision are pure and live in `sluice-core`
+//! (`dependency`, `decide`); the topic records in `sluice_kit::wire`.
+//!
+//! * [`lineage`] — the whole applied dependency set, in append order, for cycles.
 //! * [`table`] — the global asset-state table every instance reads whole.
 //! * [`resolve`] — the transactional processor: ownership of dependencies by
 //!   consumer group, the inverted index, triggers and progress in one transaction.
 
-pub mod decide;
 pub mod lineage;
 pub mod metrics;
-pub mod records;
 pub mod resolve;
-pub mod spec;
 pub mod table;
 
 use std::time::Duration;

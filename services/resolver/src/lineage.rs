@@ -21,7 +21,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use sluice_kit::{Codec, SchemaName};
 
-use crate::spec::{DependencySpec, SpecError, WireSpec, check_cycles};
+use sluice_core::DependencySpec;
+use sluice_core::dependency::{SpecError, check_cycles};
+use sluice_kit::wire::WireSpec;
 
 /// Where a spec record sits in the append order: (timestamp ms, partition, offset).
 pub type Order = (i64, i32, i64);
@@ -115,7 +117,7 @@ impl Lineage {
                     runtime
                         .block_on(codec.decode::<WireSpec>(SchemaName::DependencySpec, bytes))
                         .ok()
-                        .and_then(|w| DependencySpec::from_wire(id, w).ok())
+                        .and_then(|w| w.into_spec(id).ok())
                 });
                 self.apply(id, order, spec);
             },

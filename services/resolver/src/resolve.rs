@@ -15,16 +15,15 @@ use foldhash::{HashMap, HashMapExt};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
-use sluice_core::AssetKey;
+use sluice_core::decide::{self, Cause, Progress};
+use sluice_core::{AssetKey, DependencySpec};
 use sluice_kit::changelog::read_to_end;
 use sluice_kit::txn::{Input, Output, ProcessError, Processor};
+use sluice_kit::wire::{ProgressRecord, TriggerRecord, WireSpec};
 use sluice_kit::{Codec, SchemaName};
 
-use crate::decide::{self, Cause, Progress};
 use crate::lineage::{Lineage, Order};
 use crate::metrics as m;
-use crate::records::{ProgressRecord, trigger_record};
-use crate::spec::{DependencySpec, WireSpec};
 use crate::table::GlobalTable;
 
 /// One owned dependency.
@@ -186,7 +185,7 @@ impl Resolve {
                         reason = %fire.reason,
                         "trigger"
                     );
-                    let record = trigger_record(&owned.spec, fire);
+                    let record = TriggerRecord::of_fire(&owned.spec, fire);
                     let payload = self
                         .runtime
                         .block_on(self.codec.encode(
@@ -373,7 +372,8 @@ fn decode_spec(
     let wire: WireSpec = runtime
         .block_on(codec.decode(SchemaName::DependencySpec, bytes))
         .map_err(|e| ProcessError::undecodable(&e))?;
-    DependencySpec::from_wire(key, wire).map_err(|e| ProcessError::Poison(e.to_string()))
+    wire.into_spec(key)
+        .map_err(|e| ProcessError::Poison(e.to_string()))
 }
 
 impl Processor for Resolve {

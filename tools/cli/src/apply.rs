@@ -5,9 +5,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use sluice_core::DependencySpec;
+use sluice_core::dependency::check_cycles;
 use sluice_kit::config::Common;
+use sluice_kit::wire::WireSpec;
 use sluice_kit::{Codec, SchemaName, Topic};
-use sluice_resolver::spec::{DependencySpec, WireSpec, check_cycles};
 
 fn read(path: &str) -> Result<Vec<DependencySpec>, Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{path}: {e}")])?;

@@ -11,8 +11,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{AssetEvent, JobStatus};
-use sluice_dispatcher::publish::RunRecord;
 use sluice_kit::config::Common;
+use sluice_kit::wire::RunRecord;
 use sluice_kit::wire::{StateRecord, TriggerRecord};
 use sluice_kit::{Codec, SchemaName, Shutdown, Topic};
 

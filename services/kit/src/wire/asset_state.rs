@@ -1,8 +1,6 @@
-//! Topic records whose wire shape differs from the core type they carry.
-//!
-//! [`sluice_core::AssetEvent`] is its own wire type (its fields map 1:1 onto
-//! `schemas/asset-event.avsc`). The others are here: Avro has no tuples and no
-//! non-string map keys, and a published state carries the updater's revision.
+//! The asset-state topic's value (`schemas/asset-state.avsc`): the folded state of
+//! one table with the updater's revision. Avro has no tuples and no non-string map
+//! keys, so the core state is reshaped here.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -115,49 +113,4 @@ impl StateRecord {
         };
         Ok((state, self.revision))
     }
-}
-
-/// Value of the triggers topic (`schemas/trigger-request.avsc`): written by the
-/// resolver, read by the dispatcher.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename = "TriggerRequest")]
-pub struct TriggerRecord {
-    pub trigger_key: String,
-    pub dependency_id: String,
-    pub dependency_version: i64,
-    pub target: TriggerTarget,
-    pub inputs: Vec<TriggerInput>,
-    pub partition: Option<String>,
-    pub window_end_ms: Option<i64>,
-    pub reason: String,
-    pub first_commit_ms: i64,
-    pub requested_ms: i64,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename = "TriggerTarget")]
-pub struct TriggerTarget {
-    pub kind: WireTargetKind,
-    pub name: String,
-    pub parameters: BTreeMap<String, String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename = "TriggerInput")]
-pub struct TriggerInput {
-    pub asset_key: String,
-    pub snapshot_id: i64,
-    pub sequence: i64,
-    pub watermark_ms: Option<i64>,
-}
-
-/// The kind of a trigger's target (`TargetKind` in the schemas).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename = "TargetKind", rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum WireTargetKind {
-    Airflow,
-    Dolphinscheduler,
-    Webhook,
-    Command,
-    Kafka,
 }

@@ -7,11 +7,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use sluice_core::condition::{Baseline, Scope};
-use sluice_core::trigger::InputVersion;
-use sluice_core::{AssetKey, AssetState, TriggerBasis, TriggerKey};
-
-use crate::spec::{DependencySpec, MAX_WINDOWS_PER_PASS, Mode};
+use crate::asset::AssetKey;
+use crate::condition::{Baseline, Scope};
+use crate::dependency::{DependencySpec, MAX_WINDOWS_PER_PASS, Mode};
+use crate::state::AssetState;
+use crate::trigger::{InputVersion, TriggerBasis, TriggerKey};
 
 /// Partitions remembered per partition dependency (oldest forgotten first).
 pub const MAX_REMEMBERED_PARTITIONS: usize = 4_096;
@@ -38,11 +38,7 @@ impl Progress {
     /// Acknowledges `asset`'s current schema for a `schema_unchanged` input (see
     /// [`Baseline::acknowledge_schema`]). An input the dependency never fired on has
     /// no baseline and nothing to acknowledge: false.
-    pub fn acknowledge_schema(
-        &mut self,
-        asset: &AssetKey,
-        state: &sluice_core::AssetState,
-    ) -> bool {
+    pub fn acknowledge_schema(&mut self, asset: &AssetKey, state: &AssetState) -> bool {
         self.baselines
             .get_mut(asset)
             .is_some_and(|b| b.acknowledge_schema(state))
@@ -359,11 +355,11 @@ fn newest_commit<'s>(
 mod tests {
     use std::collections::BTreeMap;
 
-    use sluice_core::{AssetEvent, EventSource, InputCondition, Operation, Predicate, TableFormat};
+    use crate::{AssetEvent, EventSource, InputCondition, Operation, Predicate, TableFormat};
 
     use super::*;
-    use crate::spec::{Coalescing, Target, TargetKind};
-    use sluice_core::Condition;
+    use crate::Condition;
+    use crate::dependency::{Coalescing, Target, TargetKind};
 
     fn k(s: &str) -> AssetKey {
         AssetKey::parse(s).expect("valid key")
@@ -626,7 +622,7 @@ mod tests {
             let mut e = AssetEvent::new(
                 key.clone(),
                 TableFormat::Iceberg,
-                sluice_core::EventKind::SchemaChanged,
+                crate::EventKind::SchemaChanged,
                 seq * 10,
                 seq,
                 seq * 1000,

@@ -1,15 +1,12 @@
-//! The resolver's Avro records: resolver-progress and trigger-request. Serde names
-//! match the Avro record names (the schema-aware serializer checks them).
+//! The resolver-progress topic's value (`schemas/resolver-progress.avsc`), keyed by
+//! dependency id: what a dependency has done so far (its baselines, timers and
+//! counters), so a restarted resolver decides exactly what the first would have.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_core::condition::Baseline;
-use sluice_core::{AssetKey, TriggerKey};
-
-use crate::decide::{Fire, Progress};
-use crate::spec::DependencySpec;
-pub use sluice_kit::wire::{TriggerInput, TriggerRecord, TriggerTarget};
+use sluice_core::{AssetKey, Progress, TriggerKey};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename = "ResolverProgress")]
@@ -101,34 +98,5 @@ impl ProgressRecord {
             triggers_total: count(self.triggers_total, "triggers_total")?,
             suppressed_total: count(self.suppressed_total, "suppressed_total")?,
         })
-    }
-}
-
-/// The trigger request of one fire of `spec`.
-pub fn trigger_record(spec: &DependencySpec, fire: &Fire) -> TriggerRecord {
-    TriggerRecord {
-        trigger_key: fire.key.as_str().to_owned(),
-        dependency_id: spec.id.clone(),
-        dependency_version: spec.version,
-        target: TriggerTarget {
-            kind: spec.target.kind.into(),
-            name: spec.target.name.clone(),
-            parameters: spec.target.parameters.clone(),
-        },
-        inputs: fire
-            .inputs
-            .iter()
-            .map(|i| TriggerInput {
-                asset_key: i.asset.as_str().to_owned(),
-                snapshot_id: i.snapshot_id,
-                sequence: i.sequence,
-                watermark_ms: i.watermark_ms,
-            })
-            .collect(),
-        partition: fire.partition.clone(),
-        window_end_ms: fire.window_end_ms,
-        reason: fire.reason.clone(),
-        first_commit_ms: fire.first_commit_ms,
-        requested_ms: fire.requested_ms,
     }
 }

@@ -1,0 +1,343 @@
+//! Dependency specs: what a dependency reads, when it fires and what it triggers,
+//! in the JSON form people write, with the validation a spec passes before it is
+//! accepted and the cycle check over a whole set. The Avro form on the
+//! dependencies topic is `sluice_kit::wire::dependency_spec`.
+//!
+//! A spec is accepted whole or not at all: [`DependencySpec::from_json`] and the
+//! wire decoding return a spec only after every check passed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::asset::AssetKey;
+use crate::condition::{Condition, ConditionError};
+
+/// The longest dependency id; ids are record keys, trigger-key fields and log labels.
+pub const MAX_ID_LEN: usize = 200;
+/// Windows evaluated per pass at most, so a watermark jump of years cannot stall a batch.
+pub const MAX_WINDOWS_PER_PASS: usize = 1_000;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DependencySpec {
+    pub id: String,
+    pub version: i64,
+    pub owner_project: String,
+    pub target: Target,
+    pub condition: Condition,
+    /// What one trigger is for: a new snapshot combination (default), one partition,
+    /// or one watermark window.
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default)]
+    pub coalescing: Coalescing,
+    /// The asset the target writes: an edge of the lineage graph, checked for cycles.
+    #[serde(default)]
+    pub produces: Option<AssetKey>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    pub kind: TargetKind,
+    /// The identity used in trigger keys, e.g. the DAG id.
+    pub name: String,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetKind {
+    Airflow,
+    Dolphinscheduler,
+    Webhook,
+    Command,
+    Kafka,
+}
+
+impl TargetKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetKind::Airflow => "airflow",
+            TargetKind::Dolphinscheduler => "dolphinscheduler",
+            TargetKind::Webhook => "webhook",
+            TargetKind::Command => "command",
+            TargetKind::Kafka => "kafka",
+        }
+    }
+}
+
+impl Target {
+    /// `kind:name`, the target part of every trigger key.
+    pub fn identity(&self) -> String {
+        format!("{}:{}", self.kind.as_str(), self.name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", deny_unknown_fields)]
+pub enum Mode {
+    #[default]
+    Snapshots,
+    /// One trigger per partition that every input has committed.
+    PerPartition,
+    /// One trigger per window of `size_ms` whose end every input's watermark reached.
+    Window { size_ms: i64 },
+}
+
+/// Coalescing of snapshot-combination triggers (partition and window triggers are
+/// one per key by construction).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Coalescing {
+    /// At least this long between two triggers.
+    #[serde(default)]
+    pub min_interval_ms: i64,
+    /// Fire only once no input changed for this long (debounce): a burst of commits
+    /// collapses into one trigger with the newest combination.
+    #[serde(default)]
+    pub quiet_period_ms: i64,
+}
+
+/// Why a spec is refused. Each names the spec and the exact problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("spec is not valid JSON for a DependencySpec: {0}")]
+    Json(String),
+    #[error("spec {id:?}: {message}")]
+    Field { id: String, message: String },
+    #[error("spec {id:?}: condition: {source}")]
+    Condition {
+        id: String,
+        #[source]
+        source: ConditionError,
+    },
+    #[error("spec {id:?}: condition node at {path}: {message}")]
+    Node {
+        id: String,
+        path: String,
+        message: String,
+    },
+    #[error("cycle through produced assets: {path} (dependencies {deps})")]
+    Cycle { path: String, deps: String },
+}
+
+impl DependencySpec {
+    /// Parses and validates the JSON form (unknown fields are refused).
+    pub fn from_json(text: &str) -> Result<Self, SpecError> {
+        let spec: DependencySpec =
+            serde_json::from_str(text).map_err(|e| SpecError::Json(e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks a spec on its own (cycles need the other specs: [`check_cycles`]).
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let bad = |message: String| SpecError::Field {
+            id: self.id.clone(),
+            message,
+        };
+        if self.id.is_empty() || self.id.len() > MAX_ID_LEN {
+            return Err(bad(format!("id must be 1..={MAX_ID_LEN} bytes")));
+        }
+        if let Some(c) = self
+            .id
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        {
+            return Err(bad(format!(
+                "id may hold only ASCII letters, digits, '-', '_' and '.', found {c:?}"
+            )));
+        }
+        if self.version < 1 {
+            return Err(bad(format!(
+                "version must be at least 1, got {}",
+                self.version
+            )));
+        }
+        if self.owner_project.trim().is_empty() {
+            return Err(bad("owner_project must not be empty".into()));
+        }
+        if self.target.name.trim().is_empty() {
+            return Err(bad("target.name must not be empty".into()));
+        }
+        if self.coalescing.min_interval_ms < 0 || self.coalescing.quiet_period_ms < 0 {
+            return Err(bad("coalescing intervals must not be negative".into()));
+        }
+        if let Mode::Window { size_ms } = self.mode
+            && size_ms <= 0
+        {
+            return Err(bad(format!("mode window needs size_ms > 0, got {size_ms}")));
+        }
+        self.condition
+            .validate()
+            .map_err(|source| SpecError::Condition {
+                id: self.id.clone(),
+                source,
+            })?;
+        if let Some(p) = &self.produces
+            && self.condition.inputs().contains(p)
+        {
+            return Err(SpecError::Cycle {
+                path: format!("{p} → {p}"),
+                deps: self.id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn inputs(&self) -> BTreeSet<AssetKey> {
+        self.condition.inputs().into_iter().cloned().collect()
+    }
+}
+
+/// Refuses a set of specs whose produced assets feed back into their own inputs.
+/// `specs` is every accepted spec plus the candidate.
+pub fn check_cycles<'a>(
+    specs: impl IntoIterator<Item = &'a DependencySpec>,
+) -> Result<(), SpecError> {
+    // Edge input → produced asset, labelled with the dependency that makes it.
+    let mut edges: BTreeMap<&AssetKey, Vec<(&AssetKey, &str)>> = BTreeMap::new();
+    for s in specs {
+        if let Some(out) = &s.produces {
+            for i in s.condition.inputs() {
+                edges.entry(i).or_default().push((out, &s.id));
+            }
+        }
+    }
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    let mut marks: BTreeMap<&AssetKey, Mark> = BTreeMap::new();
+    // Iterative DFS keeping the path, so the error can show the cycle itself.
+    for &start in edges.keys() {
+        if marks.contains_key(start) {
+            continue;
+        }
+        let mut path: Vec<(&AssetKey, &str)> = vec![(start, "")];
+        let mut next: Vec<usize> = vec![0];
+        marks.insert(start, Mark::Open);
+        while let Some(&(node, _)) = path.last() {
+            let i = next.last_mut().expect("same length as path");
+            let out = edges.get(node).map_or(&[][..], Vec::as_slice);
+            if *i == out.len() {
+                marks.insert(node, Mark::Done);
+                path.pop();
+                next.pop();
+                continue;
+            }
+            let (to, dep) = out[*i];
+            *i += 1;
+            match marks.get(to) {
+                Some(Mark::Done) => {}
+                Some(Mark::Open) => {
+                    let from = path.iter().position(|(n, _)| *n == to).unwrap_or(0);
+                    let cycle = &path[from..];
+                    let mut names: Vec<String> = cycle.iter().map(|(n, _)| n.to_string()).collect();
+                    names.push(to.to_string());
+                    let mut deps: Vec<&str> = cycle.iter().skip(1).map(|(_, d)| *d).collect();
+                    deps.push(dep);
+                    return Err(SpecError::Cycle {
+                        path: names.join(" → "),
+                        deps: deps.join(", "),
+                    });
+                }
+                None => {
+                    marks.insert(to, Mark::Open);
+                    path.push((to, dep));
+                    next.push(0);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Snapshots => f.write_str("snapshots"),
+            Mode::PerPartition => f.write_str("per_partition"),
+            Mode::Window { size_ms } => write!(f, "window({size_ms} ms)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{
+        "id": "dwd-trade", "version": 1, "owner_project": "gmv",
+        "target": {"kind": "airflow", "name": "dwd_trade"},
+        "condition": {"all": [
+            {"input": {"asset": "lake.ods.order"}},
+            {"input": {"asset": "lake.ods.payment", "predicates": [{"kind": "quality_passed"}]}}
+        ]},
+        "coalescing": {"quiet_period_ms": 5000},
+        "produces": "lake.dwd.trade"
+    }"#;
+
+    fn err(text: &str) -> String {
+        DependencySpec::from_json(text)
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn each_validation_error_is_precise() {
+        assert!(
+            err(&GOOD.replace("\"owner_project\"", "\"colour\": 1, \"owner_project\""))
+                .contains("unknown field `colour`")
+        );
+        assert!(err(&GOOD.replace("\"airflow\"", "\"oozie\"")).contains("unknown variant `oozie`"));
+        assert!(
+            err(&GOOD.replace(
+                r#"{"input": {"asset": "lake.ods.order"}},"#,
+                r#"{"any": []},"#
+            ))
+            .contains("any group at $.all[0] has no members")
+        );
+        let twice = GOOD.replace("lake.ods.payment", "lake.ods.order");
+        assert!(
+            err(&twice)
+                .contains("input lake.ods.order is listed twice (at $.all[0] and at $.all[1])")
+        );
+        assert!(
+            err(&GOOD.replace("\"version\": 1", "\"version\": 0"))
+                .contains("version must be at least 1")
+        );
+        assert!(
+            err(&GOOD.replace("lake.dwd.trade", "lake.ods.order"))
+                .contains("cycle through produced assets: lake.ods.order → lake.ods.order")
+        );
+        let extra = r#"{"kind": "fresh_within", "max_age_ms": 5, "x": 1}"#;
+        assert!(
+            err(&GOOD.replace(r#"{"kind": "quality_passed"}"#, extra))
+                .contains("unknown field `x`")
+        );
+    }
+
+    #[test]
+    fn cycles_through_several_specs_are_found_and_named() {
+        let mk = |id: &str, input: &str, out: &str| {
+            DependencySpec::from_json(&format!(
+                r#"{{"id": "{id}", "version": 1, "owner_project": "p", "target": {{"kind": "command", "name": "{id}"}},
+                   "condition": {{"input": {{"asset": "{input}"}}}}, "produces": "{out}"}}"#
+            ))
+            .expect("valid alone")
+        };
+        let a = mk("a", "l.n.x", "l.n.y");
+        let b = mk("b", "l.n.y", "l.n.z");
+        assert!(check_cycles([&a, &b]).is_ok());
+        let c = mk("c", "l.n.z", "l.n.x");
+        let e = check_cycles([&a, &b, &c]).expect_err("cycle").to_string();
+        assert!(e.contains("l.n.x → l.n.y → l.n.z → l.n.x"), "{e}");
+        assert!(e.contains("a, b, c"), "{e}");
+    }
+}

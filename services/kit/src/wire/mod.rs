@@ -1,0 +1,57 @@
+//! Every topic record type, one submodule per schema file under `schemas/`.
+//! Serde names match the Avro record and enum names: the schema-aware
+//! (de)serializer checks them.
+//!
+//! [`sluice_core::AssetEvent`] is its own wire type (its fields map 1:1 onto
+//! `schemas/asset-event.avsc`); the records below differ from the core types they
+//! carry because Avro has no tuples, no tagged unions and no non-string map keys.
+
+pub mod asset_state;
+pub mod dependency_spec;
+pub mod resolver_progress;
+pub mod run_status;
+pub mod trigger_request;
+
+use serde::{Deserialize, Serialize};
+use sluice_core::TargetKind;
+
+pub use asset_state::{StateRecord, WireCommit};
+pub use dependency_spec::WireSpec;
+pub use resolver_progress::{InputBaseline, ProgressRecord};
+pub use run_status::RunRecord;
+pub use trigger_request::{TriggerInput, TriggerRecord, TriggerTarget};
+
+/// The kind of a trigger's target (`TargetKind` in the schemas).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TargetKind", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WireTargetKind {
+    Airflow,
+    Dolphinscheduler,
+    Webhook,
+    Command,
+    Kafka,
+}
+
+impl From<TargetKind> for WireTargetKind {
+    fn from(k: TargetKind) -> Self {
+        match k {
+            TargetKind::Airflow => WireTargetKind::Airflow,
+            TargetKind::Dolphinscheduler => WireTargetKind::Dolphinscheduler,
+            TargetKind::Webhook => WireTargetKind::Webhook,
+            TargetKind::Command => WireTargetKind::Command,
+            TargetKind::Kafka => WireTargetKind::Kafka,
+        }
+    }
+}
+
+impl From<WireTargetKind> for TargetKind {
+    fn from(k: WireTargetKind) -> Self {
+        match k {
+            WireTargetKind::Airflow => TargetKind::Airflow,
+            WireTargetKind::Dolphinscheduler => TargetKind::Dolphinscheduler,
+            WireTargetKind::Webhook => TargetKind::Webhook,
+            WireTargetKind::Command => TargetKind::Command,
+            WireTargetKind::Kafka => TargetKind::Kafka,
+        }
+    }
+}

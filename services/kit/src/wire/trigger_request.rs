@@ -1,0 +1,73 @@
+//! The triggers topic's value (`schemas/trigger-request.avsc`): written by the
+//! resolver, one per fire, read by the dispatcher.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{DependencySpec, Fire};
+
+use super::WireTargetKind;
+
+/// One trigger request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TriggerRequest")]
+pub struct TriggerRecord {
+    pub trigger_key: String,
+    pub dependency_id: String,
+    pub dependency_version: i64,
+    pub target: TriggerTarget,
+    pub inputs: Vec<TriggerInput>,
+    pub partition: Option<String>,
+    pub window_end_ms: Option<i64>,
+    pub reason: String,
+    pub first_commit_ms: i64,
+    pub requested_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TriggerTarget")]
+pub struct TriggerTarget {
+    pub kind: WireTargetKind,
+    pub name: String,
+    pub parameters: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TriggerInput")]
+pub struct TriggerInput {
+    pub asset_key: String,
+    pub snapshot_id: i64,
+    pub sequence: i64,
+    pub watermark_ms: Option<i64>,
+}
+
+impl TriggerRecord {
+    /// The trigger request of one fire of `spec`.
+    pub fn of_fire(spec: &DependencySpec, fire: &Fire) -> TriggerRecord {
+        TriggerRecord {
+            trigger_key: fire.key.as_str().to_owned(),
+            dependency_id: spec.id.clone(),
+            dependency_version: spec.version,
+            target: TriggerTarget {
+                kind: spec.target.kind.into(),
+                name: spec.target.name.clone(),
+                parameters: spec.target.parameters.clone(),
+            },
+            inputs: fire
+                .inputs
+                .iter()
+                .map(|i| TriggerInput {
+                    asset_key: i.asset.as_str().to_owned(),
+                    snapshot_id: i.snapshot_id,
+                    sequence: i.sequence,
+                    watermark_ms: i.watermark_ms,
+                })
+                .collect(),
+            partition: fire.partition.clone(),
+            window_end_ms: fire.window_end_ms,
+            reason: fire.reason.clone(),
+            first_commit_ms: fire.first_commit_ms,
+            requested_ms: fire.requested_ms,
+        }
+    }
+}
