@@ -4,6 +4,7 @@
 //! [`Baseline`] each input had when the dependency last triggered, and the clock.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -139,12 +140,271 @@ impl Baseline {
     }
 }
 
-/// Result of evaluating a tree.
+/// Result of evaluating a tree: what the resolver acts on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
     pub satisfied: bool,
-    /// `asset: predicate` for every leaf that held, in tree order (the trigger's reason).
+    /// `asset: predicate` for every leaf that held, in tree order (the trigger's
+    /// reason); empty when the tree does not hold.
     pub reasons: Vec<String>,
+    /// `asset: why not` for every check that failed, in tree order: why it did not
+    /// run. (An ANY group that holds may still list failed siblings.)
+    pub unmet: Vec<String>,
+}
+
+/// The evaluation of a tree, node by node: the evaluator's own account, which the
+/// [`Verdict`] is read from and `explain` shows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "node")]
+pub enum Explained {
+    All {
+        satisfied: bool,
+        children: Vec<Explained>,
+    },
+    Any {
+        satisfied: bool,
+        children: Vec<Explained>,
+    },
+    Input {
+        asset: AssetKey,
+        satisfied: bool,
+        /// The input's current state, as far as the checks read it; none before its
+        /// first commit is seen.
+        state: Option<InputView>,
+        /// The input at the dependency's last trigger; none if it never triggered.
+        baseline: Option<Baseline>,
+        checks: Vec<Check>,
+    },
+}
+
+/// The parts of an input's state the checks read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct InputView {
+    pub sequence: Option<i64>,
+    pub snapshot_id: Option<i64>,
+    pub data_sequence: Option<i64>,
+    pub commit_count: u64,
+    pub data_commit_count: u64,
+    pub watermark_ms: Option<i64>,
+    pub schema_id: Option<i64>,
+    pub last_data_commit_ms: Option<i64>,
+}
+
+impl InputView {
+    fn of(s: &AssetState) -> Self {
+        InputView {
+            sequence: s.latest.as_ref().map(|c| c.sequence),
+            snapshot_id: s.latest.as_ref().map(|c| c.snapshot_id),
+            data_sequence: s.latest_data.as_ref().map(|c| c.sequence),
+            commit_count: s.commit_count,
+            data_commit_count: s.data_commit_count,
+            watermark_ms: s.watermark_ms,
+            schema_id: s.schema.map(|(_, id)| id),
+            last_data_commit_ms: s.latest_data.as_ref().map(|c| c.commit_time_ms),
+        }
+    }
+}
+
+/// One requirement checked against one input: a predicate, or what the scope asks
+/// of a bare input (`advanced`, `partition_committed`, `window_closed`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub predicate: &'static str,
+    pub satisfied: bool,
+    /// The values compared, rendered as the reason (`at sequence 41, needs a commit
+    /// after 41`).
+    #[serde(rename = "reason", serialize_with = "as_text")]
+    pub detail: Detail,
+}
+
+fn as_text<S: serde::Serializer>(d: &Detail, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(d)
+}
+
+/// The values one check compared. Kept as numbers so an evaluation allocates no
+/// text; rendered only when shown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// No commit of the input has been seen.
+    NoState,
+    Advanced {
+        now: Option<i64>,
+        then: Option<i64>,
+        include_compaction: bool,
+    },
+    Watermark {
+        now: Option<i64>,
+        needs: i64,
+    },
+    Quality {
+        data_sequence: Option<i64>,
+        report: Option<(i64, QualityStatus)>,
+    },
+    SchemaEquals {
+        now: Option<i64>,
+        needs: i64,
+    },
+    SchemaUnchanged {
+        now: Option<i64>,
+        /// The schema at the last trigger; none if it never triggered.
+        then: Option<Option<i64>>,
+    },
+    Partition {
+        partition: String,
+        after: Option<i64>,
+    },
+    CommitsSince {
+        count: u64,
+        needs: u64,
+        include_compaction: bool,
+    },
+    FreshWithin {
+        age_ms: Option<i64>,
+        max_age_ms: i64,
+    },
+    WindowClosed {
+        watermark_ms: Option<i64>,
+        end_ms: i64,
+    },
+}
+
+fn opt(v: Option<i64>) -> String {
+    v.map_or_else(|| "none".to_owned(), |v| v.to_string())
+}
+
+impl fmt::Display for Detail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Detail::NoState => f.write_str("no commit seen yet"),
+            Detail::Advanced {
+                now,
+                then,
+                include_compaction,
+            } => {
+                let what = if *include_compaction {
+                    "commit"
+                } else {
+                    "data commit"
+                };
+                match (now, then) {
+                    (None, _) => write!(f, "no {what} yet"),
+                    (Some(n), None) => write!(f, "at sequence {n}, never triggered"),
+                    (Some(n), Some(t)) if n > t => write!(f, "at sequence {n}, after {t}"),
+                    (Some(n), Some(t)) => {
+                        write!(f, "at sequence {n}, needs a {what} after {t}")
+                    }
+                }
+            }
+            Detail::Watermark { now, needs } => {
+                write!(f, "watermark {}, needs at least {needs}", opt(*now))
+            }
+            Detail::Quality {
+                data_sequence,
+                report,
+            } => match (data_sequence, report) {
+                (None, _) => f.write_str("no data commit yet"),
+                (Some(d), None) => write!(f, "sequence {d} has no quality report"),
+                (Some(d), Some((q, st))) if q == d => {
+                    write!(f, "sequence {d} reported {st:?}")
+                }
+                (Some(d), Some((q, st))) => write!(
+                    f,
+                    "the report ({st:?}) is for sequence {q}, the newest data commit is {d}"
+                ),
+            },
+            Detail::SchemaEquals { now, needs } => {
+                write!(f, "schema {}, needs {needs}", opt(*now))
+            }
+            Detail::SchemaUnchanged { now, then } => match then {
+                None => write!(f, "schema {}, never triggered", opt(*now)),
+                Some(t) if t == now => write!(f, "schema {} as at the last trigger", opt(*now)),
+                Some(t) => write!(
+                    f,
+                    "schema changed from {} to {} since the last trigger (acknowledge it to go on)",
+                    opt(*t),
+                    opt(*now)
+                ),
+            },
+            Detail::Partition { partition, after } => match after {
+                None => write!(f, "partition {partition:?} in the remembered commits"),
+                Some(a) => write!(f, "partition {partition:?} in a commit after sequence {a}"),
+            },
+            Detail::CommitsSince {
+                count,
+                needs,
+                include_compaction,
+            } => {
+                let what = if *include_compaction {
+                    "commits"
+                } else {
+                    "data commits"
+                };
+                write!(f, "{count} {what} since the last trigger, needs {needs}")
+            }
+            Detail::FreshWithin { age_ms, max_age_ms } => match age_ms {
+                None => write!(
+                    f,
+                    "no data commit yet, needs one at most {max_age_ms} ms old"
+                ),
+                Some(a) => write!(f, "newest data commit {a} ms old, at most {max_age_ms}"),
+            },
+            Detail::WindowClosed {
+                watermark_ms,
+                end_ms,
+            } => write!(
+                f,
+                "watermark {}, window ends at {end_ms}",
+                opt(*watermark_ms)
+            ),
+        }
+    }
+}
+
+impl Explained {
+    pub fn satisfied(&self) -> bool {
+        match self {
+            Explained::All { satisfied, .. }
+            | Explained::Any { satisfied, .. }
+            | Explained::Input { satisfied, .. } => *satisfied,
+        }
+    }
+
+    /// The verdict the resolver acts on.
+    pub fn verdict(&self) -> Verdict {
+        let mut v = Verdict {
+            satisfied: self.satisfied(),
+            ..Verdict::default()
+        };
+        self.collect(&mut v);
+        if !v.satisfied {
+            v.reasons.clear();
+        }
+        v
+    }
+
+    fn collect(&self, v: &mut Verdict) {
+        match self {
+            Explained::All { children, .. } | Explained::Any { children, .. } => {
+                children.iter().for_each(|c| c.collect(v));
+            }
+            Explained::Input {
+                asset,
+                satisfied,
+                checks,
+                ..
+            } => {
+                if *satisfied {
+                    let names: Vec<&str> = checks.iter().map(|c| c.predicate).collect();
+                    v.reasons.push(format!("{asset}: {}", names.join(" & ")));
+                } else {
+                    for c in checks.iter().filter(|c| !c.satisfied) {
+                        v.unmet
+                            .push(format!("{asset}: {} — {}", c.predicate, c.detail));
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl Condition {
@@ -248,39 +508,57 @@ impl Condition {
         baseline: &impl Fn(&AssetKey) -> Option<&'b Baseline>,
         scope: &Scope<'_>,
     ) -> Verdict {
-        let mut reasons = Vec::new();
-        let satisfied = self.eval(state, baseline, scope, &mut reasons);
-        if !satisfied {
-            reasons.clear();
-        }
-        Verdict { satisfied, reasons }
+        self.explain_in(state, baseline, scope).verdict()
     }
 
-    fn eval<'s, 'b>(
+    /// The evaluation node by node, every check with the values it compared. There
+    /// is one evaluator: [`Condition::evaluate_in`] reads its verdict from this.
+    pub fn explain_in<'s, 'b>(
         &self,
         state: &impl Fn(&AssetKey) -> Option<&'s AssetState>,
         baseline: &impl Fn(&AssetKey) -> Option<&'b Baseline>,
         scope: &Scope<'_>,
-        reasons: &mut Vec<String>,
-    ) -> bool {
+    ) -> Explained {
         match self {
-            // Every child is evaluated (no short cut) so the reason lists all that held.
-            Condition::All(cs) => cs
-                .iter()
-                .map(|c| c.eval(state, baseline, scope, reasons))
-                .fold(true, |a, b| a & b),
-            Condition::Any(cs) => cs
-                .iter()
-                .map(|c| c.eval(state, baseline, scope, reasons))
-                .fold(false, |a, b| a | b),
+            // Every child is evaluated (no short cut) so the account lists them all.
+            Condition::All(cs) => {
+                let children: Vec<Explained> = cs
+                    .iter()
+                    .map(|c| c.explain_in(state, baseline, scope))
+                    .collect();
+                Explained::All {
+                    satisfied: children.iter().all(Explained::satisfied),
+                    children,
+                }
+            }
+            Condition::Any(cs) => {
+                let children: Vec<Explained> = cs
+                    .iter()
+                    .map(|c| c.explain_in(state, baseline, scope))
+                    .collect();
+                Explained::Any {
+                    satisfied: children.iter().any(Explained::satisfied),
+                    children,
+                }
+            }
             Condition::Input(input) => {
-                let Some(s) = state(&input.asset) else {
-                    return false;
-                };
                 let base = baseline(&input.asset);
-                let mut names: Vec<&str> = Vec::new();
-                let scoped = match scope.kind {
-                    ScopeKind::Snapshots if input.predicates.is_empty() => Some(holds(
+                let Some(s) = state(&input.asset) else {
+                    return Explained::Input {
+                        asset: input.asset.clone(),
+                        satisfied: false,
+                        state: None,
+                        baseline: base.cloned(),
+                        checks: vec![Check {
+                            predicate: "seen",
+                            satisfied: false,
+                            detail: Detail::NoState,
+                        }],
+                    };
+                };
+                let mut checks = Vec::with_capacity(input.predicates.len() + 1);
+                match scope.kind {
+                    ScopeKind::Snapshots if input.predicates.is_empty() => checks.push(check(
                         &Predicate::Advanced {
                             include_compaction: false,
                         },
@@ -288,28 +566,37 @@ impl Condition {
                         base,
                         scope.now_ms,
                     )),
-                    ScopeKind::Snapshots => None,
-                    ScopeKind::Partition => {
-                        Some(s.partition_committed_after(scope.partition, None))
-                    }
-                    ScopeKind::Window => {
-                        Some(s.watermark_ms.is_some_and(|w| w >= scope.window_end_ms))
-                    }
-                };
-                if let Some(held) = scoped {
-                    if !held {
-                        return false;
-                    }
-                    names.push(scope.requirement());
+                    ScopeKind::Snapshots => {}
+                    ScopeKind::Partition => checks.push(Check {
+                        predicate: scope.requirement(),
+                        satisfied: s.partition_committed_after(scope.partition, None),
+                        detail: Detail::Partition {
+                            partition: scope.partition.to_owned(),
+                            after: None,
+                        },
+                    }),
+                    ScopeKind::Window => checks.push(Check {
+                        predicate: scope.requirement(),
+                        satisfied: s.watermark_ms.is_some_and(|w| w >= scope.window_end_ms),
+                        detail: Detail::WindowClosed {
+                            watermark_ms: s.watermark_ms,
+                            end_ms: scope.window_end_ms,
+                        },
+                    }),
                 }
-                for p in &input.predicates {
-                    if !holds(p, s, base, scope.now_ms) {
-                        return false;
-                    }
-                    names.push(p.name());
+                checks.extend(
+                    input
+                        .predicates
+                        .iter()
+                        .map(|p| check(p, s, base, scope.now_ms)),
+                );
+                Explained::Input {
+                    asset: input.asset.clone(),
+                    satisfied: checks.iter().all(|c| c.satisfied),
+                    state: Some(InputView::of(s)),
+                    baseline: base.cloned(),
+                    checks,
                 }
-                reasons.push(format!("{}: {}", input.asset, names.join(" & ")));
-                true
             }
         }
     }
@@ -370,8 +657,8 @@ impl<'a> Scope<'a> {
     }
 }
 
-fn holds(p: &Predicate, s: &AssetState, base: Option<&Baseline>, now_ms: i64) -> bool {
-    match p {
+fn check(p: &Predicate, s: &AssetState, base: Option<&Baseline>, now_ms: i64) -> Check {
+    let (satisfied, detail) = match p {
         Predicate::Advanced { include_compaction } => {
             let (now, then) = if *include_compaction {
                 (
@@ -384,22 +671,62 @@ fn holds(p: &Predicate, s: &AssetState, base: Option<&Baseline>, now_ms: i64) ->
                     base.and_then(|b| b.data_sequence),
                 )
             };
-            now.is_some() && now > then
+            let detail = Detail::Advanced {
+                now,
+                then,
+                include_compaction: *include_compaction,
+            };
+            (now.is_some() && now > then, detail)
         }
-        Predicate::WatermarkAtLeast { watermark_ms } => {
-            s.watermark_ms.is_some_and(|w| w >= *watermark_ms)
+        Predicate::WatermarkAtLeast { watermark_ms } => (
+            s.watermark_ms.is_some_and(|w| w >= *watermark_ms),
+            Detail::Watermark {
+                now: s.watermark_ms,
+                needs: *watermark_ms,
+            },
+        ),
+        Predicate::QualityPassed => {
+            let data_sequence = s.latest_data.as_ref().map(|c| c.sequence);
+            let report = s.quality.as_ref().map(|q| (q.sequence, q.status));
+            let held = match (report, data_sequence) {
+                (Some((q, status)), Some(d)) => q == d && status == QualityStatus::Passed,
+                _ => false,
+            };
+            (
+                held,
+                Detail::Quality {
+                    data_sequence,
+                    report,
+                },
+            )
         }
-        Predicate::QualityPassed => match (&s.quality, &s.latest_data) {
-            (Some(q), Some(c)) => q.sequence == c.sequence && q.status == QualityStatus::Passed,
-            _ => false,
-        },
-        Predicate::SchemaEquals { schema_id } => s.schema.is_some_and(|(_, id)| id == *schema_id),
-        Predicate::SchemaUnchanged => match base {
-            Some(b) => s.schema.map(|(_, id)| id) == b.schema_id,
-            None => true,
-        },
+        Predicate::SchemaEquals { schema_id } => {
+            let now = s.schema.map(|(_, id)| id);
+            (
+                now == Some(*schema_id),
+                Detail::SchemaEquals {
+                    now,
+                    needs: *schema_id,
+                },
+            )
+        }
+        Predicate::SchemaUnchanged => {
+            let now = s.schema.map(|(_, id)| id);
+            let then = base.map(|b| b.schema_id);
+            (
+                then.is_none_or(|t| t == now),
+                Detail::SchemaUnchanged { now, then },
+            )
+        }
         Predicate::PartitionCommitted { partition } => {
-            s.partition_committed_after(partition, base.and_then(|b| b.sequence))
+            let after = base.and_then(|b| b.sequence);
+            (
+                s.partition_committed_after(partition, after),
+                Detail::Partition {
+                    partition: partition.clone(),
+                    after,
+                },
+            )
         }
         Predicate::CommitsSinceTrigger {
             at_least,
@@ -410,12 +737,34 @@ fn holds(p: &Predicate, s: &AssetState, base: Option<&Baseline>, now_ms: i64) ->
             } else {
                 (s.data_commit_count, base.map_or(0, |b| b.data_commit_count))
             };
-            now.saturating_sub(then) >= *at_least
+            let count = now.saturating_sub(then);
+            (
+                count >= *at_least,
+                Detail::CommitsSince {
+                    count,
+                    needs: *at_least,
+                    include_compaction: *include_compaction,
+                },
+            )
         }
-        Predicate::FreshWithin { max_age_ms } => s
-            .latest_data
-            .as_ref()
-            .is_some_and(|c| now_ms.saturating_sub(c.commit_time_ms) <= *max_age_ms),
+        Predicate::FreshWithin { max_age_ms } => {
+            let age_ms = s
+                .latest_data
+                .as_ref()
+                .map(|c| now_ms.saturating_sub(c.commit_time_ms));
+            (
+                age_ms.is_some_and(|a| a <= *max_age_ms),
+                Detail::FreshWithin {
+                    age_ms,
+                    max_age_ms: *max_age_ms,
+                },
+            )
+        }
+    };
+    Check {
+        predicate: p.name(),
+        satisfied,
+        detail,
     }
 }
 

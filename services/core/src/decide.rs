@@ -152,17 +152,7 @@ fn snapshots<'s>(
         return;
     }
     let inputs = combination(spec, states);
-    let basis = TriggerBasis::Snapshots(
-        inputs
-            .iter()
-            .map(|i| InputVersion {
-                asset_key: i.asset.clone(),
-                snapshot_id: i.snapshot_id,
-                sequence: i.sequence,
-            })
-            .collect(),
-    );
-    let key = TriggerKey::derive(&spec.target.identity(), &spec.id, &basis);
+    let key = snapshots_key(spec, &inputs);
     // The trigger leaves every input's state behind as its baseline.
     for asset in spec.inputs() {
         if let Some(s) = states(&asset) {
@@ -198,16 +188,7 @@ fn per_partition<'s>(
     now_ms: i64,
     out: &mut Outcome,
 ) {
-    // Candidates: every partition some input remembers committing, in a stable order.
-    let mut candidates: Vec<String> = spec
-        .inputs()
-        .iter()
-        .filter_map(states)
-        .flat_map(|s| s.recent_partitions().into_iter().map(str::to_owned))
-        .collect();
-    candidates.sort();
-    candidates.dedup();
-    for part in candidates {
+    for part in partition_candidates(spec, states) {
         if p.triggered_partitions.contains(&part) {
             continue;
         }
@@ -252,15 +233,9 @@ fn window<'s>(
     size_ms: i64,
     out: &mut Outcome,
 ) {
-    let Some(newest) = spec
-        .inputs()
-        .iter()
-        .filter_map(|a| states(a).and_then(|s| s.watermark_ms))
-        .max()
-    else {
+    let Some(newest_end) = newest_window_end(spec, states, size_ms) else {
         return;
     };
-    let newest_end = newest.div_euclid(size_ms) * size_ms;
     let mut end = match p.last_window_end_ms {
         Some(last) => last.saturating_add(size_ms),
         // A new dependency fires for the newest window already closed on its inputs
@@ -313,6 +288,51 @@ fn window<'s>(
     }
 }
 
+/// The key of a snapshot-combination trigger.
+pub(crate) fn snapshots_key(spec: &DependencySpec, inputs: &[FiredInput]) -> TriggerKey {
+    let basis = TriggerBasis::Snapshots(
+        inputs
+            .iter()
+            .map(|i| InputVersion {
+                asset_key: i.asset.clone(),
+                snapshot_id: i.snapshot_id,
+                sequence: i.sequence,
+            })
+            .collect(),
+    );
+    TriggerKey::derive(&spec.target.identity(), &spec.id, &basis)
+}
+
+/// The candidates of a per-partition dependency: every partition some input
+/// remembers committing, in a stable order.
+pub(crate) fn partition_candidates<'s>(
+    spec: &DependencySpec,
+    states: &impl Fn(&AssetKey) -> Option<&'s AssetState>,
+) -> Vec<String> {
+    let mut candidates: Vec<String> = spec
+        .inputs()
+        .iter()
+        .filter_map(states)
+        .flat_map(|s| s.recent_partitions().into_iter().map(str::to_owned))
+        .collect();
+    candidates.sort();
+    candidates.dedup();
+    candidates
+}
+
+/// The end of the newest window closed on any input's watermark.
+pub(crate) fn newest_window_end<'s>(
+    spec: &DependencySpec,
+    states: &impl Fn(&AssetKey) -> Option<&'s AssetState>,
+    size_ms: i64,
+) -> Option<i64> {
+    spec.inputs()
+        .iter()
+        .filter_map(|a| states(a).and_then(|s| s.watermark_ms))
+        .max()
+        .map(|newest| newest.div_euclid(size_ms) * size_ms)
+}
+
 fn record(p: &mut Progress, key: TriggerKey, now_ms: i64) {
     p.last_trigger_key = Some(key);
     p.last_triggered_ms = Some(now_ms);
@@ -320,7 +340,7 @@ fn record(p: &mut Progress, key: TriggerKey, now_ms: i64) {
 }
 
 /// The current snapshot of every input that has one, sorted by asset.
-fn combination<'s>(
+pub(crate) fn combination<'s>(
     spec: &DependencySpec,
     states: &impl Fn(&AssetKey) -> Option<&'s AssetState>,
 ) -> Vec<FiredInput> {

@@ -10,6 +10,7 @@
 //! * [`condition`] — the dependency condition tree (ALL / ANY over per-asset predicates).
 //! * [`dependency`] — [`DependencySpec`]: a condition with its mode, coalescing and target, validated, and the cycle check over a set.
 //! * [`decide`] — the decision of one dependency: what fires now and what its progress becomes.
+//! * [`explain`] — "why did / didn't it run": the same evaluation, told leaf by leaf.
 //! * [`trigger`] — [`TriggerKey`], the exactly-once identity of a trigger.
 //! * [`job`] — the statuses of a dispatch job.
 
@@ -18,6 +19,7 @@ pub mod condition;
 pub mod decide;
 pub mod dependency;
 pub mod event;
+pub mod explain;
 pub mod job;
 pub mod state;
 pub mod trigger;
