@@ -258,6 +258,27 @@ pub fn check_cycles<'a>(
     Ok(())
 }
 
+/// The verdict on `spec` in the append order of the dependencies topic:
+/// `earlier` are the producing specs appended before it, oldest first. Each of
+/// them stands unless it closed a cycle with those standing before it; `spec` is
+/// refused when it closes one with those that stand. Every reader of the topic
+/// (each resolver instance, the API) reaches the same verdict from the same log.
+pub fn cycle_verdict<'a>(
+    earlier: impl IntoIterator<Item = &'a DependencySpec>,
+    spec: &DependencySpec,
+) -> Result<(), SpecError> {
+    if spec.produces.is_none() {
+        return Ok(());
+    }
+    let mut standing: Vec<&DependencySpec> = Vec::new();
+    for s in earlier {
+        if s.produces.is_some() && check_cycles(standing.iter().copied().chain([s])).is_ok() {
+            standing.push(s);
+        }
+    }
+    check_cycles(standing.iter().copied().chain([spec]))
+}
+
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

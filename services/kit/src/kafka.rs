@@ -162,3 +162,69 @@ mod tests {
         assert_eq!(c.get("isolation.level"), Some("read_committed"));
     }
 }
+
+/// The partition the producers (librdkafka `murmur2_random`, the Java client's
+/// default) put `key` on: `(murmur2(key) & 0x7fffffff) % partitions`. Lets a
+/// reader go straight to one key's partition (the API reading an asset's commits).
+pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
+    if partitions <= 0 {
+        return 0;
+    }
+    (murmur2(key) & 0x7fff_ffff) as i32 % partitions
+}
+
+/// Kafka's murmur2 (seed 0x9747b28c), as `org.apache.kafka.common.utils.Utils`.
+fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let len = data.len();
+    let mut h: u32 = 0x9747_b28c ^ (len as u32);
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if let Some(&b) = rest.first() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::partition_for;
+
+    /// Vectors from the Java client (`Utils.toPositive(Utils.murmur2(key)) % n`).
+    #[test]
+    fn keys_land_where_the_java_client_puts_them() {
+        // Utils.murmur2("21".getBytes()) == -973932308, ("foobar") == -790332482
+        // (Kafka's UtilsTest.testMurmur2).
+        assert_eq!(
+            partition_for(b"21", 1_000_000),
+            (-973_932_308i32 & 0x7fff_ffff) % 1_000_000
+        );
+        assert_eq!(
+            partition_for(b"foobar", 1_000_000),
+            (-790_332_482i32 & 0x7fff_ffff) % 1_000_000
+        );
+        assert_eq!(
+            partition_for(b"a-little-bit-long-string", 1_000_000),
+            (-985_981_536i32 & 0x7fff_ffff) % 1_000_000
+        );
+    }
+}

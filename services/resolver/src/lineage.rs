@@ -22,7 +22,7 @@ use rdkafka::message::Message;
 use sluice_kit::{Codec, SchemaName};
 
 use sluice_core::DependencySpec;
-use sluice_core::dependency::{SpecError, check_cycles};
+use sluice_core::dependency::{SpecError, cycle_verdict};
 use sluice_kit::wire::WireSpec;
 
 /// Where a spec record sits in the append order: (timestamp ms, partition, offset).
@@ -186,13 +186,7 @@ impl Lineage {
             .map(|(_, e)| e)
             .collect();
         earlier.sort_by_key(|(o, _)| *o);
-        let mut accepted: Vec<&DependencySpec> = Vec::with_capacity(earlier.len() + 1);
-        for (_, s) in earlier {
-            if check_cycles(accepted.iter().copied().chain(std::iter::once(s))).is_ok() {
-                accepted.push(s);
-            }
-        }
-        check_cycles(accepted.iter().copied().chain(std::iter::once(spec)))
+        cycle_verdict(earlier.into_iter().map(|(_, s)| s), spec)
     }
 }
 

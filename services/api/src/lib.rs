@@ -1,0 +1,192 @@
+//! `sluice-api`: the control plane. It holds no state of its own: it follows
+//! asset-state, dependencies and resolver-progress whole ([`view`]), reads trigger
+//! history, jobs and run transitions from PostgreSQL ([`db`]), and changes the
+//! engine only by publishing declarations to their compacted topics. So any number
+//! of instances serve the same answers.
+//!
+//! * [`auth`] — principals from hashed tokens, roles per project.
+//! * [`routes`] — the HTTP API (`services/api/openapi.json` documents it).
+//! * [`commits`] — an asset's recent commits, read from the evidence log.
+
+pub mod auth;
+pub mod commits;
+pub mod db;
+pub mod routes;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_kit::config::{Common, ConfigErrors, Env, Secret};
+use sluice_kit::service::{self, StartError};
+use sluice_kit::{Codec, Shutdown, Topic};
+use sqlx::postgres::PgPoolOptions;
+
+pub const SERVICE: &str = "api";
+
+/// The topics this service reads or writes.
+pub const TOPICS: &[Topic] = &[
+    Topic::AssetEvents,
+    Topic::AssetState,
+    Topic::Dependencies,
+    Topic::ResolverProgress,
+    Topic::Runs,
+];
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub common: Common,
+    pub listen: SocketAddr,
+    /// PostgreSQL with a role that may read trigger_history, jobs and
+    /// run_transitions and insert into api_audit.
+    pub database_url: Secret,
+    pub tokens_file: PathBuf,
+    /// Most items one page may hold.
+    pub max_page: usize,
+}
+
+impl Options {
+    pub fn from_env() -> Result<Self, ConfigErrors> {
+        Self::read(Env::from_process())
+    }
+
+    pub fn read(mut env: Env) -> Result<Self, ConfigErrors> {
+        let common = Common::read(&mut env, SERVICE, "127.0.0.1:9105");
+        let listen = env.addr("SLUICE_API_ADDR", "0.0.0.0:8090");
+        let database_url = env
+            .secret("SLUICE_API_DATABASE_URL")
+            .or_else(|| env.secret("SLUICE_DATABASE_URL"));
+        if database_url.is_none() {
+            env.problem("SLUICE_API_DATABASE_URL (or SLUICE_DATABASE_URL) is required");
+        }
+        let tokens_file = PathBuf::from(env.required("SLUICE_API_TOKENS_FILE"));
+        let max_page = env.parse("SLUICE_API_MAX_PAGE", 1_000usize);
+        if max_page == 0 {
+            env.problem("SLUICE_API_MAX_PAGE must be at least 1");
+        }
+        env.finish(Options {
+            common,
+            listen,
+            database_url: database_url.unwrap_or_else(|| Secret::new("")),
+            tokens_file,
+            max_page,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("tokens: {0}")]
+    Tokens(String),
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("a follower failed: {0}")]
+    Follower(String),
+}
+
+pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
+    let started = service::start(&options.common, TOPICS, &shutdown).await?;
+    let c = &options.common;
+    let tokens = auth::TokenFile::open(options.tokens_file.clone()).map_err(Error::Tokens)?;
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(options.database_url.expose())
+        .await?;
+    let client_id = format!("sluice-{SERVICE}-{}", c.instance);
+    let view = view::View::new();
+    let runtime = tokio::runtime::Handle::current();
+    let mut followers = Vec::new();
+    for (what, topic) in [
+        (view::Followed::AssetState, Topic::AssetState),
+        (view::Followed::Dependencies, Topic::Dependencies),
+        (view::Followed::ResolverProgress, Topic::ResolverProgress),
+        (view::Followed::Runs, Topic::Runs),
+    ] {
+        followers.push(
+            view.spawn_follower(
+                what,
+                c.topics.name(topic),
+                view::Follow {
+                    config: c
+                        .kafka
+                        .reader_config(&format!("{client_id}-{}", topic.role())),
+                    codec: Codec::new(c.schema_registry_url.as_deref()),
+                    runtime: runtime.clone(),
+                    stop: shutdown.flag(),
+                    timeout: c.kafka.request_timeout,
+                },
+            ),
+        );
+    }
+    let app = routes::App {
+        view: view.clone(),
+        tokens: Arc::new(tokens),
+        pool,
+        producer: Arc::new(c.kafka.producer_config(&client_id).create()?),
+        codec: Arc::new(Codec::new(c.schema_registry_url.as_deref())),
+        dependencies_topic: c.topics.name(Topic::Dependencies),
+        commits: Arc::new(commits::Commits {
+            config: c.kafka.reader_config(&format!("{client_id}-commits")),
+            topic: c.topics.name(Topic::AssetEvents),
+            partitions: c.topics.partitions,
+            codec: Codec::new(c.schema_registry_url.as_deref()),
+            timeout: c.kafka.request_timeout,
+        }),
+        max_page: options.max_page,
+    };
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: options.listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| Error::Listen {
+        addr: options.listen,
+        source,
+    })?;
+    // Ready once every followed table is read to its end: before that an answer
+    // could say "unknown" about what exists.
+    let health = started.health.clone();
+    let watch = view.clone();
+    let stop = shutdown.clone();
+    let readiness = tokio::spawn(async move {
+        while !stop.is_stopping() {
+            health.beat();
+            if let Some(e) = watch.failure() {
+                return Err(Error::Follower(e));
+            }
+            health.set_ready(watch.ready());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    });
+    tracing::info!(service = SERVICE, listen = %bound, admin = %started.admin_addr, "serving");
+    let serve = axum::serve(listener, routes::router(app))
+        .with_graceful_shutdown(shutdown.clone().wait_stopped());
+    let result = tokio::select! {
+        r = serve => r.map_err(|source| Error::Listen { addr: bound, source }),
+        r = readiness => match r {
+            Ok(r) => r,
+            Err(join) => Err(Error::Follower(join.to_string())),
+        },
+    };
+    started.health.set_stopping();
+    shutdown.trigger();
+    let _ = started.admin_task.await;
+    for f in followers {
+        let _ = tokio::task::spawn_blocking(move || f.join()).await;
+    }
+    result
+}

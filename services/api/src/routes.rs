@@ -1,0 +1,1080 @@
+//! The HTTP API, `/v1`. Every answer is JSON; every refusal is a 4xx with
+//! `{"error": {"code", "message"}}` naming the exact problem. Lists take `limit`
+//! (at most the configured page size) and `cursor` (from the previous page's
+//! `next_cursor`); an unknown query parameter is refused, not ignored.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::Stream;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::{Value, json};
+use sluice_core::dependency::check_cycles;
+use sluice_core::explain::explain;
+use sluice_core::{AssetKey, AssetState, DependencySpec, Progress};
+use sluice_kit::wire::WireSpec;
+use sluice_kit::{Codec, SchemaName};
+use sqlx::PgPool;
+
+use crate::auth::{Principal, Role, TokenFile};
+use crate::commits::Commits;
+use crate::db;
+use crate::view::{Tables, View};
+
+/// Every route, as `openapi.json` documents it (a test holds the two together).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/v1/whoami"),
+    ("get", "/v1/assets"),
+    ("get", "/v1/assets/{key}"),
+    ("get", "/v1/assets/{key}/commits"),
+    ("get", "/v1/assets/{key}/dependencies"),
+    ("get", "/v1/dependencies"),
+    ("get", "/v1/dependencies/{id}"),
+    ("put", "/v1/dependencies/{id}"),
+    ("delete", "/v1/dependencies/{id}"),
+    ("get", "/v1/dependencies/{id}/explain"),
+    ("get", "/v1/dependencies/{id}/triggers"),
+    ("get", "/v1/runs"),
+    ("get", "/v1/runs/{trigger_key}"),
+    ("get", "/v1/lineage"),
+    ("get", "/v1/events"),
+    ("get", "/v1/audit"),
+];
+
+#[derive(Clone)]
+pub struct App {
+    pub view: Arc<View>,
+    pub tokens: Arc<TokenFile>,
+    pub pool: PgPool,
+    pub producer: Arc<FutureProducer>,
+    pub codec: Arc<Codec>,
+    pub dependencies_topic: String,
+    pub commits: Arc<Commits>,
+    pub max_page: usize,
+}
+
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/assets", get(list_assets))
+        .route("/v1/assets/{key}", get(get_asset))
+        .route("/v1/assets/{key}/commits", get(asset_commits))
+        .route("/v1/assets/{key}/dependencies", get(asset_dependencies))
+        .route("/v1/dependencies", get(list_dependencies))
+        .route(
+            "/v1/dependencies/{id}",
+            get(get_dependency)
+                .put(put_dependency)
+                .delete(delete_dependency),
+        )
+        .route("/v1/dependencies/{id}/explain", get(explain_dependency))
+        .route("/v1/dependencies/{id}/triggers", get(dependency_triggers))
+        .route("/v1/runs", get(list_runs))
+        .route("/v1/runs/{trigger_key}", get(get_run))
+        .route("/v1/lineage", get(lineage))
+        .route("/v1/events", get(events))
+        .route("/v1/audit", get(audit))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
+        .with_state(app)
+}
+
+// ---- errors ----
+
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+type Answer = Result<Response, ApiError>;
+
+fn err(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        code,
+        message: message.into(),
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    err(StatusCode::BAD_REQUEST, "bad_request", message)
+}
+
+fn not_found(message: impl Into<String>) -> ApiError {
+    err(StatusCode::NOT_FOUND, "not_found", message)
+}
+
+fn forbidden(message: impl Into<String>) -> ApiError {
+    err(StatusCode::FORBIDDEN, "forbidden", message)
+}
+
+fn unavailable(message: impl Into<String>) -> ApiError {
+    err(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        tracing::warn!(error = %e, "database read failed");
+        unavailable(format!("the database did not answer: {e}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+async fn no_route() -> ApiError {
+    not_found("no such route; see services/api/openapi.json")
+}
+
+async fn no_method() -> ApiError {
+    err(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method; see services/api/openapi.json",
+    )
+}
+
+fn ok(value: Value) -> Answer {
+    Ok(axum::Json(value).into_response())
+}
+
+// ---- who is calling ----
+
+impl App {
+    fn principal(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let unauthorized = |m: &str| err(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| unauthorized("no credentials: send Authorization: Bearer <token>"))?;
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| unauthorized("Authorization must be `Bearer <token>`"))?;
+        self.tokens
+            .current()
+            .principal(token.trim())
+            .cloned()
+            .ok_or_else(|| unauthorized("the token is not valid"))
+    }
+
+    /// A reader of some project: assets and lineage are visible to any of them.
+    fn reader(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let p = self.principal(headers)?;
+        if !p.may_anywhere(Role::Viewer) {
+            return Err(forbidden(format!("{} holds no role", p.name)));
+        }
+        Ok(p)
+    }
+
+    fn ready(&self) -> Result<(), ApiError> {
+        if self.view.ready() {
+            Ok(())
+        } else {
+            Err(unavailable(
+                "still reading the engine's state; retry in a moment",
+            ))
+        }
+    }
+}
+
+// ---- query parameters ----
+
+/// The query string, every name checked against what the route takes.
+struct Params(HashMap<String, String>);
+
+impl Params {
+    fn new(q: HashMap<String, String>, allowed: &[&str]) -> Result<Params, ApiError> {
+        if let Some(k) = q.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(bad(format!(
+                "unknown query parameter {k:?}; this route takes {}",
+                if allowed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    allowed.join(", ")
+                }
+            )));
+        }
+        Ok(Params(q))
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.get(k).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    fn limit(&self, max: usize, default: usize) -> Result<usize, ApiError> {
+        match self.get("limit") {
+            None => Ok(default.min(max)),
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if (1..=max).contains(&n) => Ok(n),
+                _ => Err(bad(format!("limit must be 1..={max}, got {v:?}"))),
+            },
+        }
+    }
+
+    fn flag(&self, k: &str) -> Result<bool, ApiError> {
+        match self.get(k) {
+            None | Some("false") => Ok(false),
+            Some("true") => Ok(true),
+            Some(v) => Err(bad(format!("{k} must be true or false, got {v:?}"))),
+        }
+    }
+}
+
+fn page(items: Vec<Value>, next_cursor: Option<String>) -> Value {
+    json!({"items": items, "next_cursor": next_cursor})
+}
+
+fn asset_key(raw: &str) -> Result<AssetKey, ApiError> {
+    AssetKey::parse(raw).map_err(|e| bad(format!("asset key {raw:?}: {e}")))
+}
+
+// ---- representations ----
+
+fn asset_json(state: &AssetState, revision: i64) -> Value {
+    let mut v = serde_json::to_value(state).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("revision".into(), revision.into());
+        // The remembered commits, newest first, as a list (the map is keyed by sequence).
+        m.insert(
+            "recent".into(),
+            state
+                .recent
+                .values()
+                .rev()
+                .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+                .collect::<Vec<_>>()
+                .into(),
+        );
+    }
+    v
+}
+
+fn etag(spec: &DependencySpec) -> String {
+    format!("\"v{}\"", spec.version)
+}
+
+fn dependency_json(t: &mut Tables, id: &str) -> Option<Value> {
+    let refusal = t.refusal(id);
+    let entry = t.specs.get(id)?.clone();
+    let progress = t.progress.get(id);
+    let mut v = match &entry.spec {
+        Ok(spec) => json!({
+            "id": id,
+            "version": spec.version,
+            "owner_project": spec.owner_project,
+            "spec": spec,
+            "etag": etag(spec),
+        }),
+        Err(_) => json!({"id": id}),
+    };
+    if let Value::Object(m) = &mut v {
+        m.insert(
+            "status".into(),
+            if refusal.is_some() {
+                "refused"
+            } else {
+                "accepted"
+            }
+            .into(),
+        );
+        m.insert("refused_reason".into(), refusal.into());
+        m.insert(
+            "last_trigger_key".into(),
+            progress
+                .and_then(|p| p.last_trigger_key.as_ref().map(|k| k.as_str().to_owned()))
+                .into(),
+        );
+        m.insert(
+            "last_triggered_ms".into(),
+            progress.and_then(|p| p.last_triggered_ms).into(),
+        );
+        m.insert(
+            "triggers_total".into(),
+            progress.map_or(0, |p| p.triggers_total).into(),
+        );
+        m.insert(
+            "pending_fire_at_ms".into(),
+            progress.and_then(|p| p.fire_at_ms).into(),
+        );
+    }
+    Some(v)
+}
+
+fn owner_of(t: &Tables, id: &str) -> Option<String> {
+    t.specs
+        .get(id)
+        .and_then(|e| e.spec.as_ref().ok())
+        .map(|s| s.owner_project.clone())
+}
+
+/// Whether the caller may see `id` (a record that is not a spec: only `*` viewers).
+fn visible(p: &Principal, t: &Tables, id: &str) -> bool {
+    match owner_of(t, id) {
+        Some(project) => p.may(Role::Viewer, &project),
+        None => p.may(Role::Viewer, "*"),
+    }
+}
+
+// ---- handlers ----
+
+async fn whoami(State(app): State<App>, headers: HeaderMap) -> Answer {
+    let p = app.principal(&headers)?;
+    ok(serde_json::to_value(p).unwrap_or(Value::Null))
+}
+
+async fn list_assets(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    app.reader(&headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["prefix", "namespace", "limit", "cursor"])?;
+    let limit = q.limit(app.max_page, 100)?;
+    let prefix = q.get("prefix").unwrap_or("");
+    let namespace = q.get("namespace");
+    let cursor = q.get("cursor").unwrap_or("");
+    let t = app.view.read();
+    let mut keys: Vec<&AssetKey> = t
+        .assets
+        .keys()
+        .filter(|k| k.as_str().starts_with(prefix) && k.as_str() > cursor)
+        .filter(|k| namespace.is_none_or(|n| format!("{}.{}", k.catalog(), k.namespace()) == n))
+        .collect();
+    keys.sort();
+    let more = keys.len() > limit;
+    keys.truncate(limit);
+    let next = more
+        .then(|| keys.last().map(|k| k.as_str().to_owned()))
+        .flatten();
+    let items = keys
+        .into_iter()
+        .filter_map(|k| t.assets.get(k).map(|(s, r)| asset_json(s, *r)))
+        .collect();
+    ok(page(items, next))
+}
+
+async fn get_asset(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    app.reader(&headers)?;
+    app.ready()?;
+    Params::new(q, &[])?;
+    let key = asset_key(&key)?;
+    let t = app.view.read();
+    let (s, r) = t
+        .assets
+        .get(&key)
+        .ok_or_else(|| not_found(format!("no commit of asset {key} has been seen")))?;
+    let tag = format!("\"r{r}\"");
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|v| v.as_bytes() == tag.as_bytes())
+    {
+        return Ok(StatusCode::NOT_MODIFIED.into_response());
+    }
+    let mut resp = axum::Json(asset_json(s, *r)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&tag) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    Ok(resp)
+}
+
+async fn asset_commits(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    app.reader(&headers)?;
+    let q = Params::new(q, &["limit"])?;
+    let limit = q.limit(app.max_page, 20)?;
+    let key = asset_key(&key)?;
+    let commits = app.commits.clone();
+    let runtime = tokio::runtime::Handle::current();
+    let found = tokio::task::spawn_blocking(move || commits.newest(&key, limit, &runtime))
+        .await
+        .map_err(|e| unavailable(format!("reading the evidence log: {e}")))?
+        .map_err(|e| unavailable(format!("reading the evidence log: {e}")))?;
+    ok(json!({
+        "items": found.events,
+        "complete": found.complete,
+    }))
+}
+
+async fn asset_dependencies(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.reader(&headers)?;
+    app.ready()?;
+    Params::new(q, &[])?;
+    let key = asset_key(&key)?;
+    let t = app.view.read();
+    let mut readers = Vec::new();
+    let mut producers = Vec::new();
+    for (id, e) in &t.specs {
+        let Ok(s) = &e.spec else { continue };
+        if !p.may(Role::Viewer, &s.owner_project) {
+            continue;
+        }
+        if s.condition.inputs().contains(&key) {
+            readers.push(id.clone());
+        }
+        if s.produces.as_ref() == Some(&key) {
+            producers.push(id.clone());
+        }
+    }
+    ok(json!({"asset": key, "read_by": readers, "produced_by": producers}))
+}
+
+async fn list_dependencies(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["project", "status", "prefix", "limit", "cursor"])?;
+    let limit = q.limit(app.max_page, 100)?;
+    let status = q.get("status");
+    if let Some(s) = status
+        && !["accepted", "refused"].contains(&s)
+    {
+        return Err(bad(format!(
+            "status must be accepted or refused, got {s:?}"
+        )));
+    }
+    let project = q.get("project");
+    let prefix = q.get("prefix").unwrap_or("");
+    let cursor = q.get("cursor").unwrap_or("");
+    let mut t = app.view.write();
+    let ids: Vec<String> = t
+        .specs
+        .range::<str, _>((
+            std::ops::Bound::Excluded(cursor),
+            std::ops::Bound::Unbounded,
+        ))
+        .filter(|(id, _)| id.starts_with(prefix))
+        .filter(|(id, _)| visible(&p, &t, id))
+        .filter(|(id, _)| project.is_none_or(|pr| owner_of(&t, id).as_deref() == Some(pr)))
+        .map(|(id, _)| id.clone())
+        .collect();
+    let mut items = Vec::new();
+    let mut next = None;
+    for id in ids {
+        let Some(v) = dependency_json(&mut t, &id) else {
+            continue;
+        };
+        if status.is_some_and(|s| v["status"] != s) {
+            continue;
+        }
+        if items.len() == limit {
+            next = items
+                .last()
+                .and_then(|v: &Value| v["id"].as_str().map(str::to_owned));
+            break;
+        }
+        items.push(v);
+    }
+    ok(page(items, next))
+}
+
+fn forbidden_or_missing(p: &Principal, t: &Tables, id: &str) -> Result<(), ApiError> {
+    if !t.specs.contains_key(id) {
+        return Err(not_found(format!("no dependency {id:?}")));
+    }
+    if !visible(p, t, id) {
+        // Same answer as a missing one would leak existence; say what is lacking.
+        let project = owner_of(t, id).unwrap_or_else(|| "*".into());
+        return Err(forbidden(p.lacks(Role::Viewer, &project)));
+    }
+    Ok(())
+}
+
+async fn get_dependency(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    app.ready()?;
+    Params::new(q, &[])?;
+    let mut t = app.view.write();
+    forbidden_or_missing(&p, &t, &id)?;
+    let v =
+        dependency_json(&mut t, &id).ok_or_else(|| not_found(format!("no dependency {id:?}")))?;
+    let tag = v["etag"].as_str().map(str::to_owned);
+    if let Some(tag) = &tag
+        && headers
+            .get(header::IF_NONE_MATCH)
+            .is_some_and(|h| h.as_bytes() == tag.as_bytes())
+    {
+        return Ok(StatusCode::NOT_MODIFIED.into_response());
+    }
+    let mut resp = axum::Json(v).into_response();
+    if let Some(v) = tag.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    Ok(resp)
+}
+
+/// Field by field, what a change would do.
+fn diff(before: Option<&DependencySpec>, after: Option<&DependencySpec>) -> Vec<Value> {
+    let as_map = |s: Option<&DependencySpec>| -> BTreeMap<String, Value> {
+        match s.map(serde_json::to_value) {
+            Some(Ok(Value::Object(m))) => m.into_iter().collect(),
+            _ => BTreeMap::new(),
+        }
+    };
+    let (b, a) = (as_map(before), as_map(after));
+    let fields: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+    fields
+        .into_iter()
+        .filter(|f| b.get(*f) != a.get(*f))
+        .map(|f| json!({"field": f, "before": b.get(f), "after": a.get(f)}))
+        .collect()
+}
+
+fn check_if_match(headers: &HeaderMap, current: Option<&DependencySpec>) -> Result<(), ApiError> {
+    let Some(want) = headers.get(header::IF_MATCH) else {
+        return Ok(());
+    };
+    let have = current.map(etag);
+    if want.as_bytes() == b"*" && have.is_some() {
+        return Ok(());
+    }
+    if have.as_deref().map(str::as_bytes) != Some(want.as_bytes()) {
+        return Err(err(
+            StatusCode::PRECONDITION_FAILED,
+            "precondition_failed",
+            format!(
+                "If-Match {:?} but the applied version is {}",
+                String::from_utf8_lossy(want.as_bytes()),
+                have.unwrap_or_else(|| "absent".into())
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl App {
+    /// Publishes `spec` (or a tombstone) and waits until this instance has read it
+    /// back, so the next GET shows it.
+    async fn publish(&self, id: &str, spec: Option<&DependencySpec>) -> Result<(), ApiError> {
+        let payload = match spec {
+            Some(s) => Some(
+                self.codec
+                    .encode(
+                        SchemaName::DependencySpec,
+                        &self.dependencies_topic,
+                        &WireSpec::from(s),
+                    )
+                    .await
+                    .map_err(|e| unavailable(format!("encoding the spec: {e}")))?,
+            ),
+            None => None,
+        };
+        let mut record = FutureRecord::<str, Vec<u8>>::to(&self.dependencies_topic).key(id);
+        if let Some(p) = &payload {
+            record = record.payload(p);
+        }
+        let delivery = self
+            .producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| unavailable(format!("the broker did not take the record: {e}")))?;
+        if !self
+            .view
+            .wait_spec_read(delivery.partition, delivery.offset, Duration::from_secs(10))
+            .await
+        {
+            tracing::warn!(id, "published, but not yet read back");
+        }
+        Ok(())
+    }
+}
+
+async fn put_dependency(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["dry_run"])?;
+    let dry_run = q.flag("dry_run")?;
+    let text = std::str::from_utf8(&body).map_err(|_| bad("the body is not UTF-8"))?;
+    let spec = DependencySpec::from_json(text).map_err(|e| {
+        err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_spec",
+            e.to_string(),
+        )
+    })?;
+    if spec.id != id {
+        return Err(bad(format!(
+            "the path names {id:?} but the spec's id is {:?}",
+            spec.id
+        )));
+    }
+    if !p.may(Role::Editor, &spec.owner_project) {
+        return Err(forbidden(p.lacks(Role::Editor, &spec.owner_project)));
+    }
+    let (current, others) = {
+        let mut t = app.view.write();
+        let current = t.specs.get(&id).and_then(|e| e.spec.as_ref().ok()).cloned();
+        let others: Vec<DependencySpec> = t.accepted().into_iter().filter(|s| s.id != id).collect();
+        (current, others)
+    };
+    if let Some(c) = &current
+        && c.owner_project != spec.owner_project
+        && !p.may(Role::Editor, &c.owner_project)
+    {
+        return Err(forbidden(format!(
+            "{id:?} belongs to project {:?}: {}",
+            c.owner_project,
+            p.lacks(Role::Editor, &c.owner_project)
+        )));
+    }
+    check_if_match(&headers, current.as_ref())?;
+    check_cycles(others.iter().chain([&spec])).map_err(|e| {
+        err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cycle",
+            format!("{e} (against the applied dependencies)"),
+        )
+    })?;
+    let changes = diff(current.as_ref(), Some(&spec));
+    if let Some(c) = &current {
+        if changes.is_empty() {
+            return ok(json!({"id": id, "dry_run": dry_run, "changed": false, "diff": changes}));
+        }
+        if spec.version <= c.version {
+            return Err(err(
+                StatusCode::CONFLICT,
+                "version_conflict",
+                format!(
+                    "version {} is applied with other content; send version {} or more",
+                    c.version,
+                    c.version + 1
+                ),
+            ));
+        }
+    }
+    if dry_run {
+        return ok(
+            json!({"id": id, "dry_run": true, "changed": true, "created": current.is_none(), "diff": changes}),
+        );
+    }
+    app.publish(&id, Some(&spec)).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: if current.is_some() {
+                "dependency.replace"
+            } else {
+                "dependency.create"
+            },
+            resource: &format!("dependencies/{id}"),
+            project: &spec.owner_project,
+            before: current.as_ref().and_then(|c| serde_json::to_value(c).ok()),
+            after: serde_json::to_value(&spec).ok(),
+        },
+    )
+    .await?;
+    let status = if current.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let body = {
+        let mut t = app.view.write();
+        dependency_json(&mut t, &id).unwrap_or_else(|| json!({"id": id, "status": "published"}))
+    };
+    let mut resp = (status, axum::Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&etag(&spec)) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    Ok(resp)
+}
+
+async fn delete_dependency(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["dry_run"])?;
+    let dry_run = q.flag("dry_run")?;
+    let (current, project) = {
+        let t = app.view.read();
+        if !t.specs.contains_key(&id) {
+            return Err(not_found(format!("no dependency {id:?}")));
+        }
+        let current = t.specs.get(&id).and_then(|e| e.spec.as_ref().ok()).cloned();
+        let project = owner_of(&t, &id).unwrap_or_else(|| "*".into());
+        (current, project)
+    };
+    if !p.may(Role::Editor, &project) {
+        return Err(forbidden(p.lacks(Role::Editor, &project)));
+    }
+    check_if_match(&headers, current.as_ref())?;
+    let changes = diff(current.as_ref(), None);
+    if dry_run {
+        return ok(json!({"id": id, "dry_run": true, "deleted": false, "diff": changes}));
+    }
+    app.publish(&id, None).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: "dependency.delete",
+            resource: &format!("dependencies/{id}"),
+            project: &project,
+            before: current.as_ref().and_then(|c| serde_json::to_value(c).ok()),
+            after: None,
+        },
+    )
+    .await?;
+    ok(json!({"id": id, "deleted": true}))
+}
+
+async fn explain_dependency(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["at_ms"])?;
+    let now = match q.get("at_ms") {
+        None => sluice_kit::health::now_ms(),
+        Some(v) => v.parse::<i64>().map_err(|_| {
+            bad(format!(
+                "at_ms must be milliseconds since the epoch, got {v:?}"
+            ))
+        })?,
+    };
+    let mut t = app.view.write();
+    forbidden_or_missing(&p, &t, &id)?;
+    let refusal = t.refusal(&id);
+    let spec = match &t.specs.get(&id).map(|e| &e.spec) {
+        Some(Ok(s)) => s.clone(),
+        _ => {
+            return ok(json!({
+                "dependency_id": id,
+                "accepted": false,
+                "refused_reason": refusal,
+                "summary": format!("refused: {}", refusal.clone().unwrap_or_default()),
+            }));
+        }
+    };
+    let progress = t.progress.get(&id).cloned().unwrap_or_else(|| Progress {
+        version: spec.version,
+        ..Progress::default()
+    });
+    let assets = &t.assets;
+    let e = explain(&spec, &progress, &|a| assets.get(a).map(|(s, _)| s), now);
+    let mut v = serde_json::to_value(&e).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("accepted".into(), refusal.is_none().into());
+        if let Some(r) = &refusal {
+            m.insert(
+                "summary".into(),
+                format!("refused, so never evaluated: {r}").into(),
+            );
+        }
+        m.insert("refused_reason".into(), refusal.into());
+    }
+    ok(v)
+}
+
+async fn dependency_triggers(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    let q = Params::new(q, &["limit", "cursor"])?;
+    let limit = q.limit(app.max_page, 50)?;
+    {
+        let t = app.view.read();
+        if t.specs.contains_key(&id) {
+            forbidden_or_missing(&p, &t, &id)?;
+        } else if !p.may(Role::Viewer, "*") {
+            // A deleted dependency's history: for viewers of every project only.
+            return Err(not_found(format!("no dependency {id:?}")));
+        }
+    }
+    let before = match q.get("cursor") {
+        None => None,
+        Some(c) => Some(
+            c.split_once(':')
+                .and_then(|(ms, key)| Some((ms.parse::<i64>().ok()?, key.to_owned())))
+                .ok_or_else(|| bad(format!("cursor {c:?} is not one this API gave")))?,
+        ),
+    };
+    let rows = db::triggers(&app.pool, &id, before, limit as i64 + 1).await?;
+    let mut items = rows.as_array().cloned().unwrap_or_default();
+    let next = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|r| {
+            format!(
+                "{}:{}",
+                r["recorded_ms"],
+                r["trigger_key"].as_str().unwrap_or("")
+            )
+        })
+    } else {
+        None
+    };
+    ok(page(items, next))
+}
+
+async fn list_runs(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    let q = Params::new(q, &["status", "dependency", "target", "limit", "cursor"])?;
+    let limit = q.limit(app.max_page, 100)?;
+    let status = q.get("status").map(str::to_ascii_uppercase);
+    if let Some(s) = &status
+        && sluice_core::JobStatus::parse(s).is_none()
+    {
+        return Err(bad(format!(
+            "status must be one of PENDING, RUNNING, SUCCEEDED, FAILED, UNKNOWN; got {s:?}"
+        )));
+    }
+    let offset = match q.get("cursor") {
+        None => 0,
+        Some(c) => c
+            .parse::<i64>()
+            .map_err(|_| bad(format!("cursor {c:?} is not one this API gave")))?,
+    };
+    let visible = if p.may(Role::Viewer, "*") {
+        None
+    } else {
+        let t = app.view.read();
+        Some(
+            t.specs
+                .keys()
+                .filter(|id| visible(&p, &t, id))
+                .cloned()
+                .collect::<Vec<_>>(),
+        )
+    };
+    let filter = db::RunFilter {
+        status,
+        dependency: q.get("dependency").map(str::to_owned),
+        target: q.get("target").map(str::to_owned),
+        visible,
+    };
+    let rows = db::runs(&app.pool, &filter, offset, limit as i64 + 1).await?;
+    let mut items = rows.as_array().cloned().unwrap_or_default();
+    let next = (items.len() > limit).then(|| (offset + limit as i64).to_string());
+    items.truncate(limit);
+    ok(page(items, next))
+}
+
+async fn get_run(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    Params::new(q, &[])?;
+    if !key.starts_with("tk1-") || key.len() != 36 {
+        return Err(bad(format!(
+            "{key:?} is not a trigger key (tk1- and 32 hex digits)"
+        )));
+    }
+    let run = db::run(&app.pool, &key)
+        .await?
+        .ok_or_else(|| not_found(format!("no run {key}")))?;
+    let dependency = run["dependency_id"].as_str().unwrap_or_default();
+    let allowed = {
+        let t = app.view.read();
+        visible(&p, &t, dependency)
+    };
+    if !allowed {
+        return Err(forbidden(format!(
+            "{} may not see the runs of {dependency:?}",
+            p.name
+        )));
+    }
+    ok(run)
+}
+
+async fn lineage(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.reader(&headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["project"])?;
+    let project = q.get("project");
+    let mut t = app.view.write();
+    let ids: Vec<String> = t
+        .specs
+        .keys()
+        .filter(|id| visible(&p, &t, id))
+        .filter(|id| project.is_none_or(|pr| owner_of(&t, id).as_deref() == Some(pr)))
+        .cloned()
+        .collect();
+    let mut assets: BTreeSet<AssetKey> = BTreeSet::new();
+    let mut nodes = Vec::new();
+    let mut edges = Vec::new();
+    for id in ids {
+        let refused = t.refusal(&id);
+        let Some(Ok(s)) = t.specs.get(&id).map(|e| &e.spec) else {
+            continue;
+        };
+        let progress = t.progress.get(&id);
+        nodes.push(json!({
+            "kind": "dependency", "id": id, "project": s.owner_project,
+            "status": if refused.is_some() { "refused" } else { "accepted" },
+            "last_triggered_ms": progress.and_then(|p| p.last_triggered_ms),
+        }));
+        for input in s.condition.inputs() {
+            assets.insert(input.clone());
+            edges.push(json!({"from": input, "to": id, "kind": "reads"}));
+        }
+        if let Some(out) = &s.produces {
+            assets.insert(out.clone());
+            edges.push(json!({"from": id, "to": out, "kind": "produces"}));
+        }
+    }
+    for a in assets {
+        let state = t.assets.get(&a).map(|(s, _)| s);
+        nodes.push(json!({
+            "kind": "asset", "id": a,
+            "sequence": state.and_then(|s| s.latest.as_ref().map(|c| c.sequence)),
+            "last_commit_ms": state.and_then(|s| s.latest.as_ref().map(|c| c.commit_time_ms)),
+        }));
+    }
+    ok(json!({"nodes": nodes, "edges": edges}))
+}
+
+async fn events(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let p = app.reader(&headers)?;
+    Params::new(q, &[])?;
+    let rx = app.view.events.subscribe();
+    let view = app.view.clone();
+    let stream = futures::stream::unfold((rx, view, p), |(mut rx, view, p)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(e) => {
+                    let dependency = match &e {
+                        crate::view::Event::Dependency { id, .. } => Some(id.clone()),
+                        crate::view::Event::Progress { dependency_id, .. }
+                        | crate::view::Event::Run { dependency_id, .. } => {
+                            Some(dependency_id.clone())
+                        }
+                        crate::view::Event::State { .. } => None,
+                    };
+                    if let Some(d) = dependency {
+                        let t = view.read();
+                        if t.specs.contains_key(&d) && !visible(&p, &t, &d) {
+                            continue;
+                        }
+                    }
+                    let data = serde_json::to_string(&e).unwrap_or_default();
+                    let kind = serde_json::to_value(&e)
+                        .ok()
+                        .and_then(|v| v["type"].as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    return Some((
+                        Ok(SseEvent::default().event(kind).data(data)),
+                        (rx, view, p),
+                    ));
+                }
+                // A slow reader missed events: say so, so it can re-read the lists.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    let ev = SseEvent::default()
+                        .event("lagged")
+                        .data(json!({"missed": n}).to_string());
+                    return Some((Ok(ev), (rx, view, p)));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+async fn audit(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.principal(&headers)?;
+    if !p.may_anywhere(Role::Admin) {
+        return Err(forbidden(format!(
+            "{} is not an admin of any project; the audit log needs admin",
+            p.name
+        )));
+    }
+    let q = Params::new(q, &["limit", "cursor"])?;
+    let limit = q.limit(app.max_page, 100)?;
+    let before = q
+        .get("cursor")
+        .map(|c| {
+            c.parse::<i64>()
+                .map_err(|_| bad(format!("cursor {c:?} is not one this API gave")))
+        })
+        .transpose()?;
+    let rows = db::audit_log(&app.pool, before, limit as i64 + 1).await?;
+    let mut items = rows.as_array().cloned().unwrap_or_default();
+    let all_projects = p.may(Role::Admin, "*");
+    items.retain(|r| {
+        all_projects
+            || r["project"]
+                .as_str()
+                .is_some_and(|pr| p.may(Role::Admin, pr))
+    });
+    let next = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|r| r["id"].to_string())
+    } else {
+        None
+    };
+    ok(page(items, next))
+}

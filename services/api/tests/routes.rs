@@ -1,0 +1,525 @@
+//! The API's routes without a broker or a database: the view is filled by hand,
+//! the database pool points nowhere (routes that need it answer 503 once the
+//! caller is let in). Covers the OpenAPI document, the 401 / 403 matrix over every
+//! route and role, and bad input on every route.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use sluice_api::auth::TokenFile;
+use sluice_api::commits::Commits;
+use sluice_api::routes::{App, ROUTES, router};
+use sluice_api::view::View;
+use sluice_core::{AssetEvent, AssetKey, AssetState, DependencySpec, EventSource, TableFormat};
+use sluice_kit::Codec;
+use tower::ServiceExt;
+
+const PRINCIPALS: [(&str, &str); 7] = [
+    ("gmv-viewer", r#"{"gmv": "viewer"}"#),
+    ("gmv-editor", r#"{"gmv": "editor"}"#),
+    ("gmv-operator", r#"{"gmv": "operator"}"#),
+    ("gmv-admin", r#"{"gmv": "admin"}"#),
+    ("other-editor", r#"{"other": "editor"}"#),
+    ("all-viewer", r#"{"*": "viewer"}"#),
+    ("root", r#"{"*": "admin"}"#),
+];
+
+fn token(name: &str) -> String {
+    format!("{name}-token-0123456789")
+}
+
+fn spec(id: &str, project: &str, input: &str, produces: Option<&str>) -> DependencySpec {
+    let produces = produces.map_or("null".to_owned(), |p| format!("{p:?}"));
+    DependencySpec::from_json(&format!(
+        r#"{{"id": "{id}", "version": 1, "owner_project": "{project}",
+            "target": {{"kind": "webhook", "name": "hook"}},
+            "condition": {{"input": {{"asset": "{input}"}}}}, "produces": {produces}}}"#
+    ))
+    .expect("valid")
+}
+
+fn app() -> App {
+    let dir = std::env::temp_dir().join(format!("sluice-api-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join(format!("tokens-{}.json", uuid()));
+    let entries: Vec<Value> = PRINCIPALS
+        .iter()
+        .map(|(name, roles)| {
+            json!({"name": name, "sha256": hex::encode(Sha256::digest(token(name).as_bytes())),
+                   "roles": serde_json::from_str::<Value>(roles).expect("json")})
+        })
+        .collect();
+    std::fs::write(&file, serde_json::to_string(&entries).expect("json")).expect("write");
+    let view = View::new();
+    for (i, s) in [
+        spec("gmv-dep", "gmv", "lake.ods.order", Some("lake.dwd.trade")),
+        spec("other-dep", "other", "lake.ods.order", None),
+    ]
+    .iter()
+    .enumerate()
+    {
+        view.apply_spec(&s.id, (i as i64, 0, i as i64), Some(Ok(s.clone())));
+    }
+    let key = AssetKey::parse("lake.ods.order").expect("key");
+    let mut state = AssetState::new(key.clone(), TableFormat::Paimon);
+    state.apply(&AssetEvent::committed(
+        key.clone(),
+        TableFormat::Paimon,
+        7,
+        7,
+        1_000,
+        EventSource::Push,
+    ));
+    view.apply_state(key.as_str(), Some((state, 1)));
+    view.mark_caught_up();
+    let mut kafka = rdkafka::ClientConfig::new();
+    kafka.set("bootstrap.servers", "127.0.0.1:1");
+    App {
+        view,
+        tokens: Arc::new(TokenFile::open(file).expect("tokens")),
+        pool: sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(300))
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("lazy pool"),
+        producer: Arc::new(kafka.create().expect("producer")),
+        codec: Arc::new(Codec::new(None)),
+        dependencies_topic: "deps".into(),
+        commits: Arc::new(Commits {
+            config: kafka.clone(),
+            topic: "events".into(),
+            partitions: 1,
+            codec: Codec::new(None),
+            timeout: Duration::from_millis(300),
+        }),
+        max_page: 500,
+    }
+}
+
+fn uuid() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+async fn call(
+    app: &App,
+    method: &str,
+    path: &str,
+    who: Option<&str>,
+    body: Option<String>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder()
+        .method(Method::from_bytes(method.to_uppercase().as_bytes()).expect("method"))
+        .uri(path);
+    if let Some(w) = who {
+        req = req.header("authorization", format!("Bearer {}", token(w)));
+    }
+    let req = req
+        .body(body.map_or_else(Body::empty, Body::from))
+        .expect("request");
+    let resp = router(app.clone()).oneshot(req).await.expect("answers");
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}
+
+/// A concrete path for a route, with the fixtures' ids.
+fn concrete(path: &str) -> String {
+    path.replace("{key}", "lake.ods.order")
+        .replace("{id}", "gmv-dep")
+        .replace("{trigger_key}", "tk1-0123456789abcdef0123456789abcdef")
+}
+
+#[tokio::test]
+async fn the_openapi_document_names_every_route_and_only_those() {
+    let doc: Value = serde_json::from_str(include_str!("../openapi.json")).expect("JSON");
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .iter()
+        .flat_map(|(path, ops)| {
+            ops.as_object()
+                .expect("operations")
+                .keys()
+                .map(move |m| (m.clone(), path.clone()))
+        })
+        .collect();
+    let served: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+        .collect();
+    assert_eq!(documented, served);
+    let app = app();
+    for (method, path) in ROUTES {
+        // Served: the route answers "who are you", not "no such route".
+        let (status, body) = call(&app, method, &concrete(path), None, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}: {body}");
+    }
+    let (status, body) = call(&app, "get", "/v1/nothing", None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "not_found");
+    let (status, _) = call(&app, "post", "/v1/dependencies/gmv-dep", None, None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+/// What each route needs: `None` any valid token; else the role in project gmv
+/// (the fixture's dependency belongs to gmv).
+fn needs(method: &str, path: &str) -> &'static [&'static str] {
+    const ANY: &[&str] = &[
+        "gmv-viewer",
+        "gmv-editor",
+        "gmv-operator",
+        "gmv-admin",
+        "other-editor",
+        "all-viewer",
+        "root",
+    ];
+    const GMV_VIEWERS: &[&str] = &[
+        "gmv-viewer",
+        "gmv-editor",
+        "gmv-operator",
+        "gmv-admin",
+        "all-viewer",
+        "root",
+    ];
+    const GMV_EDITORS: &[&str] = &["gmv-editor", "gmv-operator", "gmv-admin", "root"];
+    const ADMINS: &[&str] = &["gmv-admin", "root"];
+    match (method, path) {
+        ("get", "/v1/audit") => ADMINS,
+        ("put" | "delete", _) => GMV_EDITORS,
+        (_, p) if p.starts_with("/v1/dependencies/{id}") => GMV_VIEWERS,
+        // The run fixture does not exist: viewers get 404/503, never 403.
+        _ => ANY,
+    }
+}
+
+#[tokio::test]
+async fn every_route_refuses_without_a_token_and_forbids_without_the_role() {
+    let app = app();
+    let body = serde_json::to_string(&spec("gmv-dep", "gmv", "lake.ods.order", None))
+        .expect("json")
+        .replace("\"version\":1", "\"version\":2");
+    for (method, path) in ROUTES {
+        let path = if *method == "get" {
+            concrete(path)
+        } else {
+            // Writes run as dry runs: the matrix needs no broker.
+            format!("{}?dry_run=true", concrete(path))
+        };
+        let send = (*method == "put").then(|| body.clone());
+        let (status, _) = call(&app, method, &path, Some("nobody"), send.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::UNAUTHORIZED,
+            "{method} {path}: unknown token"
+        );
+        let allowed = needs(
+            method,
+            ROUTES
+                .iter()
+                .find(|r| concrete(r.1) == concrete(path.split('?').next().unwrap_or("")))
+                .map_or("", |r| r.1),
+        );
+        for (who, _) in PRINCIPALS {
+            if path.ends_with("/v1/events") {
+                continue; // a stream: checked below
+            }
+            let (status, body) = call(&app, method, &path, Some(who), send.clone()).await;
+            if allowed.contains(&who) {
+                assert!(
+                    status != StatusCode::FORBIDDEN && status != StatusCode::UNAUTHORIZED,
+                    "{who} may {method} {path}, got {status}: {body}"
+                );
+            } else {
+                assert_eq!(
+                    status,
+                    StatusCode::FORBIDDEN,
+                    "{who} may not {method} {path}: {body}"
+                );
+                let m = body["error"]["message"].as_str().unwrap_or_default();
+                assert!(
+                    m.contains(who) || m.contains("needs"),
+                    "the reason names the gap: {m}"
+                );
+            }
+        }
+    }
+    // Lists show only what the caller may see.
+    let (_, list) = call(&app, "get", "/v1/dependencies", Some("gmv-viewer"), None).await;
+    let ids: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["gmv-dep"]);
+    let (_, list) = call(&app, "get", "/v1/dependencies", Some("all-viewer"), None).await;
+    assert_eq!(list["items"].as_array().expect("items").len(), 2);
+    let (status, _) = call(
+        &app,
+        "get",
+        "/v1/dependencies/other-dep",
+        Some("gmv-viewer"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn bad_input_on_every_route_is_a_precise_4xx() {
+    let app = app();
+    let who = Some("root");
+    let cases: Vec<(&str, String, Option<String>, StatusCode, &str)> = vec![
+        (
+            "get",
+            "/v1/assets?colour=red".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "unknown query parameter \"colour\"",
+        ),
+        (
+            "get",
+            "/v1/assets?limit=100000".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "limit must be 1..=500",
+        ),
+        (
+            "get",
+            "/v1/assets?limit=0".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "limit must be 1..=500",
+        ),
+        (
+            "get",
+            "/v1/assets/not-a-key".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "asset key \"not-a-key\"",
+        ),
+        (
+            "get",
+            "/v1/assets/lake.ods.nothing".into(),
+            None,
+            StatusCode::NOT_FOUND,
+            "no commit of asset lake.ods.nothing",
+        ),
+        (
+            "get",
+            "/v1/assets/lake.ods.order/commits?limit=x".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "limit must be",
+        ),
+        (
+            "get",
+            "/v1/dependencies?status=happy".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "status must be accepted or refused",
+        ),
+        (
+            "get",
+            "/v1/dependencies/nope".into(),
+            None,
+            StatusCode::NOT_FOUND,
+            "no dependency \"nope\"",
+        ),
+        (
+            "get",
+            "/v1/dependencies/nope/explain".into(),
+            None,
+            StatusCode::NOT_FOUND,
+            "no dependency \"nope\"",
+        ),
+        (
+            "get",
+            "/v1/dependencies/gmv-dep/explain?at_ms=soon".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "at_ms must be milliseconds",
+        ),
+        (
+            "get",
+            "/v1/dependencies/gmv-dep/triggers?cursor=zz".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "cursor \"zz\" is not one this API gave",
+        ),
+        (
+            "get",
+            "/v1/runs?status=DONE".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "status must be one of",
+        ),
+        (
+            "get",
+            "/v1/runs/tk2-nope".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "is not a trigger key",
+        ),
+        (
+            "get",
+            "/v1/audit?cursor=x".into(),
+            None,
+            StatusCode::BAD_REQUEST,
+            "cursor \"x\"",
+        ),
+        (
+            "put",
+            "/v1/dependencies/gmv-dep".into(),
+            Some("{".into()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not valid JSON",
+        ),
+        (
+            "put",
+            "/v1/dependencies/gmv-dep".into(),
+            Some(r#"{"id": "gmv-dep", "colour": 1}"#.into()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown field `colour`",
+        ),
+        (
+            "put",
+            "/v1/dependencies/gmv-dep".into(),
+            Some(
+                serde_json::to_string(&spec("other-id", "gmv", "lake.ods.order", None))
+                    .expect("json"),
+            ),
+            StatusCode::BAD_REQUEST,
+            "the path names \"gmv-dep\" but the spec's id is \"other-id\"",
+        ),
+        (
+            "put",
+            "/v1/dependencies/gmv-dep?dry_run=maybe".into(),
+            Some("{}".into()),
+            StatusCode::BAD_REQUEST,
+            "dry_run must be true or false",
+        ),
+        (
+            "put",
+            "/v1/dependencies/gmv-dep".into(),
+            Some(
+                serde_json::to_string(&spec(
+                    "gmv-dep",
+                    "gmv",
+                    "lake.ods.order",
+                    Some("lake.ods.x"),
+                ))
+                .expect("json"),
+            ),
+            StatusCode::CONFLICT,
+            "version 1 is applied with other content; send version 2",
+        ),
+        (
+            "delete",
+            "/v1/dependencies/nope".into(),
+            None,
+            StatusCode::NOT_FOUND,
+            "no dependency \"nope\"",
+        ),
+    ];
+    for (method, path, body, want, says) in cases {
+        let (status, answer) = call(&app, method, &path, who, body).await;
+        assert_eq!(status, want, "{method} {path}: {answer}");
+        let m = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains(says),
+            "{method} {path}: {m:?} should say {says:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_dry_run_shows_the_diff_and_a_cycle_is_refused_against_the_applied_set() {
+    let app = app();
+    let mut changed = spec("gmv-dep", "gmv", "lake.ods.order", Some("lake.dwd.trade"));
+    changed.version = 2;
+    changed.target.name = "hook2".into();
+    let (status, answer) = call(
+        &app,
+        "put",
+        "/v1/dependencies/gmv-dep?dry_run=true",
+        Some("gmv-editor"),
+        Some(serde_json::to_string(&changed).expect("json")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let fields: BTreeMap<String, Value> = answer["diff"]
+        .as_array()
+        .expect("diff")
+        .iter()
+        .map(|d| {
+            (
+                d["field"].as_str().unwrap_or_default().to_owned(),
+                d.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(fields.keys().collect::<Vec<_>>(), ["target", "version"]);
+    assert_eq!(fields["target"]["after"]["name"], "hook2");
+    // lake.dwd.trade → lake.ods.order closes a cycle with gmv-dep.
+    let back = spec("back", "gmv", "lake.dwd.trade", Some("lake.ods.order"));
+    let (status, answer) = call(
+        &app,
+        "put",
+        "/v1/dependencies/back?dry_run=true",
+        Some("gmv-editor"),
+        Some(serde_json::to_string(&back).expect("json")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    let m = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("lake.dwd.trade → lake.ods.order → lake.dwd.trade"),
+        "{m}"
+    );
+    // If-Match against another version is refused.
+    let (status, _) = call(
+        &app,
+        "get",
+        "/v1/dependencies/gmv-dep",
+        Some("gmv-viewer"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn explain_answers_from_the_view() {
+    let app = app();
+    let (status, e) = call(
+        &app,
+        "get",
+        "/v1/dependencies/gmv-dep/explain",
+        Some("gmv-viewer"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{e}");
+    // Never triggered, input committed: ready, with the key it would fire as.
+    assert_eq!(e["status"], "ready", "{e}");
+    assert_eq!(e["accepted"], true);
+    assert!(
+        e["next_trigger_key"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("tk1-"))
+    );
+    assert_eq!(
+        e["condition"]["checks"][0]["reason"],
+        "at sequence 7, never triggered"
+    );
+}
