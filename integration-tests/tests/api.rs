@@ -1,0 +1,347 @@
+//! `sluice-api` against the real pipeline: the four services and the API as
+//! processes on the local broker and PostgreSQL. A dependency is created through
+//! the API, commits are pushed to the ingester, and the API must tell — from the
+//! same evaluator the resolver uses — why it ran and why it then waits; the run
+//! with its transitions, the commits from the evidence log, the audit row, the
+//! event stream, and a spec written straight to the topic that the API shows as
+//! refused.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::routing::post;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use sluice_core::DependencySpec;
+use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
+use sluice_integration_tests::{eventually, free_port, kafka, unique};
+use sluice_kit::wire::WireSpec;
+use sluice_kit::{Codec, SchemaName, Topic};
+
+const EDITOR: &str = "gmv-editor-token-0123456789";
+const ADMIN: &str = "root-token-0123456789";
+
+struct Api {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Api {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("the API answers");
+        let status = resp.status();
+        let text = resp.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (status, v) = self.call("GET", path, ADMIN, None).await;
+        assert_eq!(status, StatusCode::OK, "GET {path}: {v}");
+        v
+    }
+}
+
+fn tokens_file() -> String {
+    let path = std::env::temp_dir().join(format!("{}.json", unique("api-tokens")));
+    let digest = |t: &str| hex::encode(Sha256::digest(t.as_bytes()));
+    let entries = json!([
+        {"name": "gmv-editor", "sha256": digest(EDITOR), "roles": {"gmv": "editor"}},
+        {"name": "root", "sha256": digest(ADMIN), "roles": {"*": "admin"}},
+    ]);
+    std::fs::write(&path, entries.to_string()).expect("tokens file");
+    path.to_string_lossy().into_owned()
+}
+
+async fn push(client: &reqwest::Client, url: &str, asset: &str, seq: i64) {
+    let body = json!({"asset_key": asset, "format": "paimon", "snapshot_id": seq, "sequence": seq,
+        "commit_time_ms": 1_764_633_600_000i64 + seq, "operation": "append", "partitions": ["dt=2026-12-04"]});
+    let r = client
+        .post(url)
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("ingester answers");
+    assert!(
+        r.status().is_success(),
+        "push {asset}@{seq}: {}",
+        r.status()
+    );
+}
+
+#[tokio::test]
+async fn the_api_explains_runs_and_refusals_from_the_live_pipeline() {
+    // A webhook that records every send.
+    let sends: Arc<Mutex<Vec<String>>> = Arc::default();
+    let recorded = sends.clone();
+    let hook = axum::Router::new().route(
+        "/hook",
+        post(move |headers: axum::http::HeaderMap| {
+            let recorded = recorded.clone();
+            async move {
+                let key = headers
+                    .get("Idempotency-Key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                recorded.lock().expect("lock").push(key.to_owned());
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hook_port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, hook).await });
+
+    let api_port = free_port();
+    let mut p = Pipeline::new(2, &[]).await;
+    p.set(
+        "dispatcher",
+        "SLUICE_TARGETS",
+        format!(r#"[{{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{hook_port}/hook", "idempotent": true}}]"#),
+    );
+    p.set("dispatcher", "SLUICE_DISPATCH_LOOK_MS", "200");
+    p.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{api_port}"));
+    p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
+    p.start_all().await;
+    p.start("api").await;
+    let api = Api {
+        base: format!("http://127.0.0.1:{api_port}"),
+        client: reqwest::Client::new(),
+    };
+
+    // Create through the API: 201, read back at once, accepted, audited.
+    let spec = json!({
+        "id": "dwd-trade", "version": 1, "owner_project": "gmv",
+        "target": {"kind": "webhook", "name": "dwd_trade"},
+        "condition": {"all": [{"input": {"asset": "lake.ods.order"}}, {"input": {"asset": "lake.ods.payment"}}]},
+        "produces": "lake.dwd.trade"
+    });
+    let (status, created) = api
+        .call("PUT", "/v1/dependencies/dwd-trade", EDITOR, Some(&spec))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["status"], "accepted");
+    assert_eq!(created["etag"], "\"v1\"");
+    let (status, again) = api
+        .call("PUT", "/v1/dependencies/dwd-trade", EDITOR, Some(&spec))
+        .await;
+    assert_eq!(
+        (status, again["changed"].clone()),
+        (StatusCode::OK, json!(false)),
+        "{again}"
+    );
+
+    // Before any commit: waiting, and it says for what.
+    let e = api.get("/v1/dependencies/dwd-trade/explain").await;
+    assert_eq!(e["status"], "waiting", "{e}");
+    assert!(
+        e["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("lake.ods.order: seen — no commit seen yet")),
+        "{e}"
+    );
+
+    // Round 1: both inputs commit → one trigger, delivered.
+    let url = p.push_url();
+    push(&api.client, &url, "lake.ods.order", 1).await;
+    push(&api.client, &url, "lake.ods.payment", 1).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            sends.lock().expect("lock").len() == 1
+        })
+        .await,
+        "round 1 delivered once"
+    );
+    let key = sends.lock().expect("lock")[0].clone();
+
+    // Round 2: only the order commits → it waits for the payment, and explain says
+    // exactly that, with the key of the trigger that ran.
+    push(&api.client, &url, "lake.ods.order", 2).await;
+    let want = json!(["lake.ods.payment: advanced — at sequence 1, needs a data commit after 1"]);
+    let mut explained = Value::Null;
+    for _ in 0..300 {
+        explained = api.get("/v1/dependencies/dwd-trade/explain").await;
+        if explained["unmet"] == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        explained["unmet"], want,
+        "explain names the payment: {explained}"
+    );
+    assert_eq!(explained["status"], "waiting");
+    assert_eq!(explained["last_trigger_key"], key.as_str());
+    let order = &explained["condition"]["children"][0];
+    assert_eq!(order["satisfied"], true, "{order}");
+    assert_eq!(order["checks"][0]["reason"], "at sequence 2, after 1");
+    assert_eq!(order["baseline"]["data_sequence"], 1);
+
+    // The run, its history and its transitions.
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let run = api.get(&format!("/v1/runs/{key}")).await;
+            run["status"] == "SUCCEEDED"
+        })
+        .await
+    );
+    let run = api.get(&format!("/v1/runs/{key}")).await;
+    let statuses: Vec<&str> = run["transitions"]
+        .as_array()
+        .expect("transitions")
+        .iter()
+        .filter_map(|t| t["status"].as_str())
+        .collect();
+    assert_eq!(statuses, ["PENDING", "RUNNING", "SUCCEEDED"], "{run}");
+    assert_eq!(run["dependency_id"], "dwd-trade");
+    let history = api.get("/v1/dependencies/dwd-trade/triggers").await;
+    assert_eq!(
+        history["items"].as_array().map(Vec::len),
+        Some(1),
+        "{history}"
+    );
+    assert_eq!(history["items"][0]["trigger_key"], key.as_str());
+    let runs = api.get("/v1/runs?status=succeeded").await;
+    assert!(
+        runs["items"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["trigger_key"] == key.as_str())),
+        "{runs}"
+    );
+
+    // Assets: the state, the commits from the evidence log (newest first), who reads it.
+    let order = api.get("/v1/assets/lake.ods.order").await;
+    assert_eq!(order["latest"]["sequence"], 2, "{order}");
+    let commits = api.get("/v1/assets/lake.ods.order/commits?limit=10").await;
+    let seqs: Vec<i64> = commits["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|c| c["sequence"].as_i64())
+        .collect();
+    assert_eq!(seqs, [2, 1], "{commits}");
+    assert_eq!(commits["complete"], true);
+    let deps = api.get("/v1/assets/lake.ods.order/dependencies").await;
+    assert_eq!(deps["read_by"], json!(["dwd-trade"]));
+    let graph = api.get("/v1/lineage").await;
+    assert!(
+        graph["edges"].as_array().is_some_and(|e| e
+            .contains(&json!({"from": "dwd-trade", "to": "lake.dwd.trade", "kind": "produces"}))),
+        "{graph}"
+    );
+
+    // The event stream carries the next commit.
+    let stream = api
+        .client
+        .get(format!("{}/v1/events", api.base))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut body = stream;
+    push(&api.client, &url, "lake.ods.payment", 2).await;
+    let mut seen = String::new();
+    let got = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(chunk)) = body.chunk().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("event: state") && seen.contains("lake.ods.payment") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        got.unwrap_or(false),
+        "a state event for the payment: {seen}"
+    );
+
+    // A spec written straight to the topic that closes a cycle: the API shows it
+    // refused, with the reason, as the resolver refuses it.
+    let back = DependencySpec::from_json(
+        r#"{"id": "back", "version": 1, "owner_project": "gmv", "target": {"kind": "webhook", "name": "back"},
+            "condition": {"input": {"asset": "lake.dwd.trade"}}, "produces": "lake.ods.order"}"#,
+    )
+    .expect("valid alone");
+    let producer: FutureProducer = kafka()
+        .producer_config("api-test")
+        .create()
+        .expect("producer");
+    let topic = p.names.name(Topic::Dependencies);
+    let bytes = Codec::new(None)
+        .encode(SchemaName::DependencySpec, &topic, &WireSpec::from(&back))
+        .await
+        .expect("encodes");
+    producer
+        .send(
+            FutureRecord::to(&topic).key("back").payload(&bytes),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("sent");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let (s, d) = api.call("GET", "/v1/dependencies/back", ADMIN, None).await;
+            s == StatusCode::OK && d["status"] == "refused"
+        })
+        .await
+    );
+    let refused = api.get("/v1/dependencies?status=refused").await;
+    let reason = refused["items"][0]["refused_reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("cycle through produced assets"),
+        "{refused}"
+    );
+    let e = api.get("/v1/dependencies/back/explain").await;
+    assert_eq!(e["accepted"], false, "{e}");
+
+    // The editor may not touch another project's dependency; the audit log has the create.
+    let mut other = spec.clone();
+    other["id"] = json!("other");
+    other["owner_project"] = json!("finance");
+    let (status, answer) = api
+        .call("PUT", "/v1/dependencies/other", EDITOR, Some(&other))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let audit = api.get("/v1/audit").await;
+    let row = &audit["items"][0];
+    assert_eq!(
+        (row["principal"].as_str(), row["action"].as_str()),
+        (Some("gmv-editor"), Some("dependency.create")),
+        "{audit}"
+    );
+    assert_eq!(row["after"]["id"], "dwd-trade");
+
+    // Delete: a tombstone; gone from the API at once.
+    let (status, _) = api
+        .call("DELETE", "/v1/dependencies/back", ADMIN, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = api.call("GET", "/v1/dependencies/back", ADMIN, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
