@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sluice's main job on one machine, no Docker: brings up the stack (Kafka + PostgreSQL,
 # installing them if missing, and the lake writers into a venv), builds the four
-# services and starts each as its own process, as in production, then runs the GMV
+# services and the control plane's API and starts each as its own process, as in
+# production, then runs the GMV
 # cascade of the first seed on real Iceberg tables:
 #
 #   ODS_order_latest + ODS_payment_latest ──ALL──► DWD_trade_event_fact ──► DWS_gmv_daily ──► ADS_gmv_dashboard
@@ -52,6 +53,16 @@ export SLUICE_INGEST_TOKENS="[{\"name\": \"local\", \"token\": \"$INGEST_TOKEN\"
 export SLUICE_INGEST_HTTP_ADDR="${SLUICE_INGEST_HTTP_ADDR:-127.0.0.1:8088}"
 # What the layer scripts (and the driver) push their commits to.
 export SLUICE_PUSH_URL="http://$SLUICE_INGEST_HTTP_ADDR/v1/commits" SLUICE_PUSH_TOKEN="$INGEST_TOKEN"
+# The API's admin token for this machine (stored hashed in the tokens file, as a
+# production tokens file would be): what the driver and the curl examples use.
+API_TOKEN_FILE="$REPO/.stack/api-token"
+[[ -s $API_TOKEN_FILE ]] || od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$API_TOKEN_FILE"
+API_TOKEN="$(cat "$API_TOKEN_FILE")"
+export SLUICE_API_TOKENS_FILE="$REPO/.stack/api-tokens.json"
+printf '[{"name": "local-admin", "sha256": "%s", "roles": {"*": "admin"}}]\n' \
+  "$(printf %s "$API_TOKEN" | sha256sum | cut -d' ' -f1)" >"$SLUICE_API_TOKENS_FILE"
+export SLUICE_API_ADDR="${SLUICE_API_ADDR:-127.0.0.1:8090}"
+export SLUICE_API_URL="http://$SLUICE_API_ADDR" SLUICE_API_TOKEN="$API_TOKEN"
 say "creating the GMV tables in $WAREHOUSE"
 eval "$(cd "$HERE/gmv" && "$PY" setup.py "$WAREHOUSE" "$PY" "$HERE/gmv/layer.py")"
 
@@ -60,8 +71,8 @@ cargo build --bins --locked -q
 
 LOGS="$REPO/.stack/services"
 mkdir -p "$LOGS"
-declare -A PORT=([ingester]=9101 [state-updater]=9102 [resolver]=9103 [dispatcher]=9104)
-ORDER=(ingester state-updater resolver dispatcher)
+declare -A PORT=([ingester]=9101 [state-updater]=9102 [resolver]=9103 [dispatcher]=9104 [api]=9105)
+ORDER=(ingester state-updater resolver dispatcher api)
 PIDS=()
 
 stop_all() {
@@ -96,6 +107,7 @@ done
 printf '\ntopics: %s{asset-events,asset-state,dependencies,resolver-progress,triggers,runs,dead-letter} on %s\n' \
   "$SLUICE_TOPIC_PREFIX" "$SLUICE_KAFKA_BOOTSTRAP"
 printf 'metrics: curl http://127.0.0.1:9102/metrics\n'
+printf 'API:     curl -H "Authorization: Bearer %s" %s/v1/dependencies/dwd_trade_event_fact/explain\n' "$API_TOKEN" "$SLUICE_API_URL"
 printf 'push a commit: curl -H "Authorization: Bearer %s" -d %s http://%s/v1/commits\n\n' \
   "$INGEST_TOKEN" "'{\"asset_key\": \"lake.ods.orders\", \"format\": \"iceberg\", \"snapshot_id\": 1, \"sequence\": 1, \"commit_time_ms\": 1764547200000}'" \
   "$SLUICE_INGEST_HTTP_ADDR"

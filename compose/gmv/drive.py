@@ -6,7 +6,9 @@ waits after each round until the cascade has reached the dashboard.
 Each round commits new orders; payments follow in the same round except in round 2,
 where they come one round late — the ALL of DWD_trade_event_fact waits for both.
 Orders are pushed to the ingester over HTTP; payments are not (a lost push): the
-poller finds them. Prints one line per step and the expected GMV at the end.
+poller finds them. In round 2 the driver asks Sluice's API why DWD_trade_event_fact
+did not run (when SLUICE_API_URL is set). Prints one line per step and the
+expected GMV at the end.
 """
 import sys
 import time
@@ -37,6 +39,7 @@ def main():
         owed.append((ids, amounts))
         if r == 2 and r < rounds:
             log("round 2: payments are late — DWD waits (ALL)")
+            lake.explain_waiting("dwd_trade_event_fact", "lake.ods.payment_latest", log)
             continue
         pay_ids = [i for ids_, _ in owed for i in ids_]
         paid = [a for _, am in owed for a in am]

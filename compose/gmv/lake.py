@@ -56,3 +56,27 @@ def push(table, ident):
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=15) as r:
         r.read()
+
+
+def explain_waiting(dependency, waiting_for, log, timeout=30.0):
+    """Asks the API (SLUICE_API_URL, SLUICE_API_TOKEN) why `dependency` did not run,
+    until `waiting_for` is all it waits for, and logs the answer's summary and leaves."""
+    url, token = os.environ.get("SLUICE_API_URL"), os.environ.get("SLUICE_API_TOKEN")
+    if not url:
+        return
+    import time
+    req = urllib.request.Request(f"{url}/v1/dependencies/{dependency}/explain",
+                                 headers={"Authorization": f"Bearer {token}"})
+    deadline, answer = time.time() + timeout, {}
+    while time.time() < deadline:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            answer = json.loads(r.read())
+        unmet = answer.get("unmet", [])
+        if answer.get("status") == "waiting" and unmet and all(waiting_for in u for u in unmet):
+            break
+        time.sleep(0.2)
+    log(f"GET /v1/dependencies/{dependency}/explain → {answer.get('summary')}")
+    for leaf in answer.get("condition", {}).get("children", []):
+        for check in leaf.get("checks", []):
+            mark = "✓" if check["satisfied"] else "✗"
+            log(f"    {mark} {leaf.get('asset')}: {check['predicate']} — {check['reason']}")

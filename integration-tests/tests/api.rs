@@ -345,3 +345,110 @@ async fn the_api_explains_runs_and_refusals_from_the_live_pipeline() {
     let (status, _) = api.call("GET", "/v1/dependencies/back", ADMIN, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// Grants enforced (`SLUICE_GRANTS=enforce` on the resolver and the API): a spec
+/// written straight to the dependencies topic, past the API, whose project has no
+/// grant to read its input never fires — the resolver withholds it and the API
+/// shows it refused with the gap — and fires once an admin grants it.
+#[tokio::test]
+async fn the_resolver_enforces_grants_on_a_spec_written_straight_to_the_topic() {
+    let sends: Arc<Mutex<Vec<String>>> = Arc::default();
+    let recorded = sends.clone();
+    let hook = axum::Router::new().route(
+        "/hook",
+        post(move |headers: axum::http::HeaderMap| {
+            let recorded = recorded.clone();
+            async move {
+                let key = headers
+                    .get("Idempotency-Key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                recorded.lock().expect("lock").push(key.to_owned());
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hook_port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, hook).await });
+    let api_port = free_port();
+    let mut p = Pipeline::new(2, &[]).await;
+    p.set(
+        "dispatcher",
+        "SLUICE_TARGETS",
+        format!(
+            r#"[{{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{hook_port}/hook", "idempotent": true}}]"#
+        ),
+    );
+    p.set("dispatcher", "SLUICE_DISPATCH_LOOK_MS", "200");
+    p.set("resolver", "SLUICE_GRANTS", "enforce");
+    p.set("api", "SLUICE_GRANTS", "enforce");
+    p.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{api_port}"));
+    p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
+    p.start_all().await;
+    p.start("api").await;
+    let api = Api {
+        base: format!("http://127.0.0.1:{api_port}"),
+        client: reqwest::Client::new(),
+    };
+    // The target is shared with gmv; reading crm.raw is not granted.
+    let share = json!({"id": "gmv-hooks", "project": "gmv", "kind": "share_target", "target": "webhook:*"});
+    let (status, answer) = api.call("PUT", "/v1/grants/gmv-hooks", ADMIN, Some(&share)).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let spec = DependencySpec::from_json(
+        r#"{"id": "crm-sync", "version": 1, "owner_project": "gmv", "target": {"kind": "webhook", "name": "crm"},
+            "condition": {"input": {"asset": "crm.raw.customer"}}}"#,
+    )
+    .expect("valid");
+    let producer: FutureProducer = kafka()
+        .producer_config("api-grants-test")
+        .create()
+        .expect("producer");
+    let topic = p.names.name(Topic::Dependencies);
+    let bytes = Codec::new(None)
+        .encode(SchemaName::DependencySpec, &topic, &WireSpec::from(&spec))
+        .await
+        .expect("encodes");
+    producer
+        .send(
+            FutureRecord::to(&topic).key("crm-sync").payload(&bytes),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("sent");
+    let url = p.push_url();
+    push(&api.client, &url, "crm.raw.customer", 1).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let (s, d) = api.call("GET", "/v1/dependencies/crm-sync", ADMIN, None).await;
+            s == StatusCode::OK && d["status"] == "refused"
+        })
+        .await
+    );
+    let (_, d) = api.call("GET", "/v1/dependencies/crm-sync", ADMIN, None).await;
+    assert_eq!(
+        d["refused_reason"],
+        "project \"gmv\" may not read namespace crm.raw (input crm.raw.customer): no grant lets it"
+    );
+    // The resolver withholds it: nothing fires while the grant is missing.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(sends.lock().expect("lock").is_empty(), "withheld without a grant");
+    // Granted: it fires once, for the commit it had been waiting on.
+    let read = json!({"id": "gmv-crm", "project": "gmv", "kind": "read_namespace", "namespace": "crm.raw"});
+    let (status, answer) = api.call("PUT", "/v1/grants/gmv-crm", ADMIN, Some(&read)).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            sends.lock().expect("lock").len() == 1
+        })
+        .await,
+        "fires once the grant is given"
+    );
+    let (_, d) = api.call("GET", "/v1/dependencies/crm-sync", ADMIN, None).await;
+    assert_eq!(d["status"], "accepted", "{d}");
+    let grants = api.get("/v1/grants").await;
+    assert_eq!(grants["enforced"], true);
+    assert_eq!(grants["items"].as_array().map(Vec::len), Some(2));
+}

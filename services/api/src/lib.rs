@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_kit::config::{Common, ConfigErrors, Env, Secret};
+use sluice_kit::grants::{GrantsMode, SharedGrants};
 use sluice_kit::service::{self, StartError};
 use sluice_kit::{Codec, Shutdown, Topic};
 use sqlx::postgres::PgPoolOptions;
@@ -33,6 +34,7 @@ pub const TOPICS: &[Topic] = &[
     Topic::Dependencies,
     Topic::ResolverProgress,
     Topic::Runs,
+    Topic::Grants,
 ];
 
 #[derive(Clone, Debug)]
@@ -45,6 +47,8 @@ pub struct Options {
     pub tokens_file: PathBuf,
     /// Most items one page may hold.
     pub max_page: usize,
+    /// `SLUICE_GRANTS`: set it as the resolvers have it.
+    pub grants: GrantsMode,
 }
 
 impl Options {
@@ -63,6 +67,7 @@ impl Options {
         }
         let tokens_file = PathBuf::from(env.required("SLUICE_API_TOKENS_FILE"));
         let max_page = env.parse("SLUICE_API_MAX_PAGE", 1_000usize);
+        let grants = env.parse("SLUICE_GRANTS", GrantsMode::Off);
         if max_page == 0 {
             env.problem("SLUICE_API_MAX_PAGE must be at least 1");
         }
@@ -72,6 +77,7 @@ impl Options {
             database_url: database_url.unwrap_or_else(|| Secret::new("")),
             tokens_file,
             max_page,
+            grants,
         })
     }
 }
@@ -105,9 +111,17 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         .connect(options.database_url.expose())
         .await?;
     let client_id = format!("sluice-{SERVICE}-{}", c.instance);
-    let view = view::View::new();
     let runtime = tokio::runtime::Handle::current();
-    let mut followers = Vec::new();
+    let grants = SharedGrants::new();
+    let mut followers = vec![grants.spawn_follower(
+        c.kafka.reader_config(&format!("{client_id}-grants")),
+        c.topics.name(Topic::Grants),
+        Codec::new(c.schema_registry_url.as_deref()),
+        runtime.clone(),
+        shutdown.flag(),
+        c.kafka.request_timeout,
+    )];
+    let view = view::View::with_grants(grants, options.grants == GrantsMode::Enforce);
     for (what, topic) in [
         (view::Followed::AssetState, Topic::AssetState),
         (view::Followed::Dependencies, Topic::Dependencies),
@@ -137,6 +151,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         producer: Arc::new(c.kafka.producer_config(&client_id).create()?),
         codec: Arc::new(Codec::new(c.schema_registry_url.as_deref())),
         dependencies_topic: c.topics.name(Topic::Dependencies),
+        grants_topic: c.topics.name(Topic::Grants),
         commits: Arc::new(commits::Commits {
             config: c.kafka.reader_config(&format!("{client_id}-commits")),
             topic: c.topics.name(Topic::AssetEvents),

@@ -14,14 +14,15 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, put};
 use futures::Stream;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 use sluice_core::dependency::check_cycles;
 use sluice_core::explain::explain;
+use sluice_core::grants::Grant;
 use sluice_core::{AssetKey, AssetState, DependencySpec, Progress};
-use sluice_kit::wire::WireSpec;
+use sluice_kit::wire::{WireGrant, WireSpec};
 use sluice_kit::{Codec, SchemaName};
 use sqlx::PgPool;
 
@@ -48,6 +49,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/lineage"),
     ("get", "/v1/events"),
     ("get", "/v1/audit"),
+    ("get", "/v1/grants"),
+    ("put", "/v1/grants/{id}"),
+    ("delete", "/v1/grants/{id}"),
 ];
 
 #[derive(Clone)]
@@ -58,6 +62,7 @@ pub struct App {
     pub producer: Arc<FutureProducer>,
     pub codec: Arc<Codec>,
     pub dependencies_topic: String,
+    pub grants_topic: String,
     pub commits: Arc<Commits>,
     pub max_page: usize,
 }
@@ -83,6 +88,8 @@ pub fn router(app: App) -> Router {
         .route("/v1/lineage", get(lineage))
         .route("/v1/events", get(events))
         .route("/v1/audit", get(audit))
+        .route("/v1/grants", get(list_grants))
+        .route("/v1/grants/{id}", put(put_grant).delete(delete_grant))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(app)
@@ -581,9 +588,29 @@ fn check_if_match(headers: &HeaderMap, current: Option<&DependencySpec>) -> Resu
 }
 
 impl App {
+    /// Publishes a record (`None`: a tombstone) with an idempotent producer;
+    /// returns where it landed.
+    async fn publish(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<Vec<u8>>,
+    ) -> Result<(i32, i64), ApiError> {
+        let mut record = FutureRecord::<str, Vec<u8>>::to(topic).key(key);
+        if let Some(p) = &payload {
+            record = record.payload(p);
+        }
+        let delivery = self
+            .producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| unavailable(format!("the broker did not take the record: {e}")))?;
+        Ok((delivery.partition, delivery.offset))
+    }
+
     /// Publishes `spec` (or a tombstone) and waits until this instance has read it
     /// back, so the next GET shows it.
-    async fn publish(&self, id: &str, spec: Option<&DependencySpec>) -> Result<(), ApiError> {
+    async fn publish_spec(&self, id: &str, spec: Option<&DependencySpec>) -> Result<(), ApiError> {
         let payload = match spec {
             Some(s) => Some(
                 self.codec
@@ -597,21 +624,36 @@ impl App {
             ),
             None => None,
         };
-        let mut record = FutureRecord::<str, Vec<u8>>::to(&self.dependencies_topic).key(id);
-        if let Some(p) = &payload {
-            record = record.payload(p);
-        }
-        let delivery = self
-            .producer
-            .send(record, Duration::from_secs(30))
-            .await
-            .map_err(|(e, _)| unavailable(format!("the broker did not take the record: {e}")))?;
+        let (partition, offset) = self.publish(&self.dependencies_topic, id, payload).await?;
         if !self
             .view
-            .wait_spec_read(delivery.partition, delivery.offset, Duration::from_secs(10))
+            .wait_spec_read(partition, offset, Duration::from_secs(10))
             .await
         {
             tracing::warn!(id, "published, but not yet read back");
+        }
+        Ok(())
+    }
+
+    /// Publishes a grant (or its revocation) and waits until it is in force here.
+    async fn publish_grant(&self, id: &str, grant: Option<&Grant>) -> Result<(), ApiError> {
+        let payload = match grant {
+            Some(g) => Some(
+                self.codec
+                    .encode(SchemaName::Grant, &self.grants_topic, &WireGrant::from(g))
+                    .await
+                    .map_err(|e| unavailable(format!("encoding the grant: {e}")))?,
+            ),
+            None => None,
+        };
+        self.publish(&self.grants_topic, id, payload).await?;
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.view.grants.snapshot().0.get(id) != grant {
+            if tokio::time::Instant::now() > until {
+                tracing::warn!(id, "grant published, but not yet read back");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
     }
@@ -669,6 +711,14 @@ async fn put_dependency(
             format!("{e} (against the applied dependencies)"),
         )
     })?;
+    let enforced = app.view.read().enforced.clone();
+    if let Some(grants) = enforced {
+        grants.check(&spec).map_err(|e| {
+            forbidden(format!(
+                "{e}; an admin grants it with PUT /v1/grants/{{id}}"
+            ))
+        })?;
+    }
     let changes = diff(current.as_ref(), Some(&spec));
     if let Some(c) = &current {
         if changes.is_empty() {
@@ -691,7 +741,7 @@ async fn put_dependency(
             json!({"id": id, "dry_run": true, "changed": true, "created": current.is_none(), "diff": changes}),
         );
     }
-    app.publish(&id, Some(&spec)).await?;
+    app.publish_spec(&id, Some(&spec)).await?;
     db::audit(
         &app.pool,
         db::Audit {
@@ -751,7 +801,7 @@ async fn delete_dependency(
     if dry_run {
         return ok(json!({"id": id, "dry_run": true, "deleted": false, "diff": changes}));
     }
-    app.publish(&id, None).await?;
+    app.publish_spec(&id, None).await?;
     db::audit(
         &app.pool,
         db::Audit {
@@ -1077,4 +1127,137 @@ async fn audit(
         None
     };
     ok(page(items, next))
+}
+
+// ---- grants ----
+
+async fn list_grants(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    app.reader(&headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["project"])?;
+    let project = q.get("project");
+    let enforced = app.view.read().enforced.is_some();
+    let items: Vec<Value> = app
+        .view
+        .grants
+        .snapshot()
+        .0
+        .into_values()
+        .filter(|g| project.is_none_or(|p| g.project == p))
+        .map(|g| serde_json::to_value(g).unwrap_or(Value::Null))
+        .collect();
+    ok(json!({"enforced": enforced, "items": items}))
+}
+
+/// Grants open one project's reach into another's data and targets: only an
+/// admin of every project (`*`) gives or takes them.
+fn grant_admin(app: &App, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    let p = app.principal(headers)?;
+    if !p.may(Role::Admin, "*") {
+        return Err(forbidden(format!(
+            "{}; grants need admin of every project (\"*\")",
+            p.lacks(Role::Admin, "*")
+        )));
+    }
+    Ok(p)
+}
+
+async fn put_grant(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    let p = grant_admin(&app, &headers)?;
+    app.ready()?;
+    let q = Params::new(q, &["dry_run"])?;
+    let dry_run = q.flag("dry_run")?;
+    let text = std::str::from_utf8(&body).map_err(|_| bad("the body is not UTF-8"))?;
+    let grant = Grant::from_json(text).map_err(|e| {
+        err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_grant",
+            e.to_string(),
+        )
+    })?;
+    if grant.id != id {
+        return Err(bad(format!(
+            "the path names {id:?} but the grant's id is {:?}",
+            grant.id
+        )));
+    }
+    let current = app.view.grants.snapshot().0.get(&id).cloned();
+    if current.as_ref() == Some(&grant) {
+        return ok(json!({"id": id, "dry_run": dry_run, "changed": false}));
+    }
+    if dry_run {
+        return ok(
+            json!({"id": id, "dry_run": true, "changed": true, "before": current, "after": grant}),
+        );
+    }
+    app.publish_grant(&id, Some(&grant)).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: if current.is_some() {
+                "grant.replace"
+            } else {
+                "grant.create"
+            },
+            resource: &format!("grants/{id}"),
+            project: &grant.project,
+            before: current.as_ref().and_then(|g| serde_json::to_value(g).ok()),
+            after: serde_json::to_value(&grant).ok(),
+        },
+    )
+    .await?;
+    let status = if current.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        axum::Json(serde_json::to_value(&grant).unwrap_or(Value::Null)),
+    )
+        .into_response())
+}
+
+async fn delete_grant(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = grant_admin(&app, &headers)?;
+    app.ready()?;
+    Params::new(q, &[])?;
+    let current = app
+        .view
+        .grants
+        .snapshot()
+        .0
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| not_found(format!("no grant {id:?}")))?;
+    app.publish_grant(&id, None).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: "grant.delete",
+            resource: &format!("grants/{id}"),
+            project: &current.project,
+            before: serde_json::to_value(&current).ok(),
+            after: None,
+        },
+    )
+    .await?;
+    ok(json!({"id": id, "deleted": true}))
 }

@@ -13,6 +13,7 @@ use rdkafka::message::{BorrowedMessage, Message};
 use serde::Serialize;
 use sluice_core::dependency::cycle_verdict;
 use sluice_core::{AssetKey, AssetState, DependencySpec, Progress};
+use sluice_kit::grants::SharedGrants;
 use sluice_kit::wire::{ProgressRecord, RunRecord, StateRecord, WireSpec};
 use sluice_kit::{Codec, SchemaName};
 use tokio::sync::broadcast;
@@ -38,15 +39,24 @@ pub struct Tables {
     pub specs_next: HashMap<i32, i64>,
     /// Refusals by the cycle rule, recomputed when the specs change.
     refused: Option<HashMap<String, String>>,
+    /// The grants, when they are enforced (`SLUICE_GRANTS=enforce`).
+    pub enforced: Option<Arc<SharedGrants>>,
 }
 
 impl Tables {
-    /// Why `id` is refused (bad record, cycle), or none: accepted.
+    /// Why `id` is refused (bad record, cycle, no grant), or none: accepted.
     pub fn refusal(&mut self, id: &str) -> Option<String> {
-        match &self.specs.get(id)?.spec {
-            Err(e) => Some(e.clone()),
-            Ok(_) => self.cycle_refusals().get(id).cloned(),
+        let spec = match &self.specs.get(id)?.spec {
+            Err(e) => return Some(e.clone()),
+            Ok(s) => s.clone(),
+        };
+        if let Some(cycle) = self.cycle_refusals().get(id) {
+            return Some(cycle.clone());
         }
+        self.enforced
+            .as_ref()
+            .and_then(|g| g.check(&spec).err())
+            .map(|e| e.to_string())
     }
 
     /// The cycle verdicts of the whole set in append order, as every resolver
@@ -115,6 +125,8 @@ pub enum Event {
 
 pub struct View {
     tables: RwLock<Tables>,
+    /// Every grant (followed whether or not they are enforced, to list them).
+    pub grants: Arc<SharedGrants>,
     caught_up: AtomicUsize,
     failed: RwLock<Option<String>>,
     pub events: broadcast::Sender<Event>,
@@ -124,9 +136,19 @@ pub struct View {
 pub const FOLLOWED: usize = 3;
 
 impl View {
+    /// A view whose grants are shown but not enforced.
     pub fn new() -> Arc<View> {
+        Self::with_grants(SharedGrants::new(), false)
+    }
+
+    /// A view over `grants`; `enforce`: a spec no grant allows is refused.
+    pub fn with_grants(grants: Arc<SharedGrants>, enforce: bool) -> Arc<View> {
         Arc::new(View {
-            tables: RwLock::new(Tables::default()),
+            tables: RwLock::new(Tables {
+                enforced: enforce.then(|| grants.clone()),
+                ..Tables::default()
+            }),
+            grants,
             caught_up: AtomicUsize::new(0),
             failed: RwLock::new(None),
             events: broadcast::channel(4_096).0,

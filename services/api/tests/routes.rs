@@ -45,6 +45,10 @@ fn spec(id: &str, project: &str, input: &str, produces: Option<&str>) -> Depende
 }
 
 fn app() -> App {
+    app_with(View::new())
+}
+
+fn app_with(view: Arc<View>) -> App {
     let dir = std::env::temp_dir().join(format!("sluice-api-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let file = dir.join(format!("tokens-{}.json", uuid()));
@@ -56,7 +60,6 @@ fn app() -> App {
         })
         .collect();
     std::fs::write(&file, serde_json::to_string(&entries).expect("json")).expect("write");
-    let view = View::new();
     for (i, s) in [
         spec("gmv-dep", "gmv", "lake.ods.order", Some("lake.dwd.trade")),
         spec("other-dep", "other", "lake.ods.order", None),
@@ -90,6 +93,7 @@ fn app() -> App {
         producer: Arc::new(kafka.create().expect("producer")),
         codec: Arc::new(Codec::new(None)),
         dependencies_topic: "deps".into(),
+        grants_topic: "grants".into(),
         commits: Arc::new(Commits {
             config: kafka.clone(),
             topic: "events".into(),
@@ -192,8 +196,10 @@ fn needs(method: &str, path: &str) -> &'static [&'static str] {
     ];
     const GMV_EDITORS: &[&str] = &["gmv-editor", "gmv-operator", "gmv-admin", "root"];
     const ADMINS: &[&str] = &["gmv-admin", "root"];
+    const ROOT: &[&str] = &["root"];
     match (method, path) {
         ("get", "/v1/audit") => ADMINS,
+        ("put" | "delete", p) if p.starts_with("/v1/grants") => ROOT,
         ("put" | "delete", _) => GMV_EDITORS,
         (_, p) if p.starts_with("/v1/dependencies/{id}") => GMV_VIEWERS,
         // The run fixture does not exist: viewers get 404/503, never 403.
@@ -521,5 +527,93 @@ async fn explain_answers_from_the_view() {
     assert_eq!(
         e["condition"]["checks"][0]["reason"],
         "at sequence 7, never triggered"
+    );
+}
+
+#[tokio::test]
+async fn under_enforcement_a_cross_project_read_needs_a_grant() {
+    use sluice_core::grants::Grant;
+    use sluice_kit::grants::SharedGrants;
+    let grants = SharedGrants::new();
+    let app = app_with(View::with_grants(grants.clone(), true));
+    let put = |body: String| {
+        let app = app.clone();
+        async move {
+            call(
+                &app,
+                "put",
+                "/v1/dependencies/new-dep?dry_run=true",
+                Some("gmv-editor"),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let body =
+        serde_json::to_string(&spec("new-dep", "gmv", "crm.raw.customer", None)).expect("json");
+    let (status, answer) = put(body.clone()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(
+        answer["error"]["message"],
+        "project \"gmv\" may not read namespace crm.raw (input crm.raw.customer): no grant lets it; an admin grants it with PUT /v1/grants/{id}"
+    );
+    // The dependencies already applied are shown refused, with the gap.
+    let (_, d) = call(
+        &app,
+        "get",
+        "/v1/dependencies/gmv-dep",
+        Some("gmv-viewer"),
+        None,
+    )
+    .await;
+    assert_eq!(d["status"], "refused", "{d}");
+    assert!(
+        d["refused_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("may not read namespace lake.ods")),
+        "{d}"
+    );
+    for g in [
+        r#"{"id": "gmv-crm", "project": "gmv", "kind": "read_namespace", "namespace": "crm.raw"}"#,
+        r#"{"id": "gmv-hooks", "project": "gmv", "kind": "share_target", "target": "webhook:*"}"#,
+    ] {
+        let g = Grant::from_json(g).expect("valid");
+        grants.apply(&g.id.clone(), Some(Ok(g)));
+    }
+    let (status, answer) = put(body).await;
+    assert_eq!(status, StatusCode::OK, "accepted with the grants: {answer}");
+    // Only a `*` admin gives grants.
+    let g = r#"{"id": "x", "project": "gmv", "kind": "read_namespace", "namespace": "crm.*"}"#;
+    let (status, answer) = call(
+        &app,
+        "put",
+        "/v1/grants/x?dry_run=true",
+        Some("gmv-admin"),
+        Some(g.into()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (status, answer) = call(
+        &app,
+        "put",
+        "/v1/grants/x?dry_run=true",
+        Some("root"),
+        Some(g.into()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, answer) = call(
+        &app,
+        "put",
+        "/v1/grants/x",
+        Some("root"),
+        Some(r#"{"id": "x", "project": "gmv", "kind": "read_namespace"}"#.into()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("read_namespace takes a namespace"))
     );
 }

@@ -11,6 +11,7 @@
 //! * [`dependency`] — [`DependencySpec`]: a condition with its mode, coalescing and target, validated, and the cycle check over a set.
 //! * [`decide`] — the decision of one dependency: what fires now and what its progress becomes.
 //! * [`explain`] — "why did / didn't it run": the same evaluation, told leaf by leaf.
+//! * [`grants`] — which project may read which namespaces and trigger which targets.
 //! * [`trigger`] — [`TriggerKey`], the exactly-once identity of a trigger.
 //! * [`job`] — the statuses of a dispatch job.
 
@@ -20,6 +21,7 @@ pub mod decide;
 pub mod dependency;
 pub mod event;
 pub mod explain;
+pub mod grants;
 pub mod job;
 pub mod state;
 pub mod trigger;

@@ -6,6 +6,7 @@ pub mod changelog;
 pub mod codec;
 pub mod config;
 pub mod dlq;
+pub mod grants;
 pub mod health;
 pub mod kafka;
 pub mod metrics;

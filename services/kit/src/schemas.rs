@@ -17,16 +17,18 @@ pub enum SchemaName {
     ResolverProgress,
     TriggerRequest,
     RunStatus,
+    Grant,
 }
 
 impl SchemaName {
-    pub const ALL: [SchemaName; 6] = [
+    pub const ALL: [SchemaName; 7] = [
         SchemaName::AssetEvent,
         SchemaName::AssetState,
         SchemaName::DependencySpec,
         SchemaName::ResolverProgress,
         SchemaName::TriggerRequest,
         SchemaName::RunStatus,
+        SchemaName::Grant,
     ];
 
     /// Position in [`SchemaName::ALL`] (declaration order).
@@ -43,6 +45,7 @@ impl SchemaName {
             SchemaName::ResolverProgress => "resolver-progress",
             SchemaName::TriggerRequest => "trigger-request",
             SchemaName::RunStatus => "run-status",
+            SchemaName::Grant => "grant",
         }
     }
 
@@ -54,6 +57,7 @@ impl SchemaName {
             SchemaName::ResolverProgress => include_str!("../../../schemas/resolver-progress.avsc"),
             SchemaName::TriggerRequest => include_str!("../../../schemas/trigger-request.avsc"),
             SchemaName::RunStatus => include_str!("../../../schemas/run-status.avsc"),
+            SchemaName::Grant => include_str!("../../../schemas/grant.avsc"),
         }
     }
 

@@ -22,10 +22,11 @@ pub enum Topic {
     Triggers,
     Runs,
     DeadLetter,
+    Grants,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 7] = [
+    pub const ALL: [Topic; 8] = [
         Topic::AssetEvents,
         Topic::AssetState,
         Topic::Dependencies,
@@ -33,6 +34,7 @@ impl Topic {
         Topic::Triggers,
         Topic::Runs,
         Topic::DeadLetter,
+        Topic::Grants,
     ];
 
     pub fn role(self) -> &'static str {
@@ -44,13 +46,18 @@ impl Topic {
             Topic::Triggers => "triggers",
             Topic::Runs => "runs",
             Topic::DeadLetter => "dead-letter",
+            Topic::Grants => "grants",
         }
     }
 
     pub fn compacted(self) -> bool {
         matches!(
             self,
-            Topic::AssetState | Topic::Dependencies | Topic::ResolverProgress | Topic::Runs
+            Topic::AssetState
+                | Topic::Dependencies
+                | Topic::ResolverProgress
+                | Topic::Runs
+                | Topic::Grants
         )
     }
 

@@ -17,6 +17,7 @@ pub mod table;
 use std::time::Duration;
 
 use sluice_kit::config::{Common, ConfigErrors, Env};
+use sluice_kit::grants::{GrantsMode, SharedGrants};
 use sluice_kit::service::{self, StartError};
 use sluice_kit::txn::{self, TxnLoop};
 use sluice_kit::{Codec, Shutdown, Topic};
@@ -30,6 +31,7 @@ pub const TOPICS: &[Topic] = &[
     Topic::ResolverProgress,
     Topic::Triggers,
     Topic::DeadLetter,
+    Topic::Grants,
 ];
 
 #[derive(Clone, Debug)]
@@ -38,6 +40,7 @@ pub struct Options {
     pub group_id: String,
     pub max_batch_records: usize,
     pub max_batch_time: Duration,
+    pub grants: GrantsMode,
 }
 
 impl Options {
@@ -53,6 +56,7 @@ impl Options {
         );
         let max_batch_records = env.parse("SLUICE_BATCH_MAX_RECORDS", 1_000usize);
         let max_batch_time = env.millis("SLUICE_BATCH_MAX_MS", Duration::from_millis(100));
+        let grants = env.parse("SLUICE_GRANTS", GrantsMode::Off);
         if max_batch_records == 0 {
             env.problem("SLUICE_BATCH_MAX_RECORDS must be at least 1");
         }
@@ -61,6 +65,7 @@ impl Options {
             group_id,
             max_batch_records,
             max_batch_time,
+            grants,
         })
     }
 }
@@ -104,7 +109,19 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         runtime.clone(),
         shutdown.flag(),
     );
-    let processor = resolve::Resolve::new(
+    let grants = (options.grants == GrantsMode::Enforce).then(|| {
+        let g = SharedGrants::new();
+        let follower = g.spawn_follower(
+            c.kafka.reader_config(&format!("{client_id}-grants")),
+            c.topics.name(Topic::Grants),
+            Codec::new(c.schema_registry_url.as_deref()),
+            runtime.clone(),
+            shutdown.flag(),
+            c.kafka.request_timeout,
+        );
+        (g, follower)
+    });
+    let mut processor = resolve::Resolve::new(
         codec,
         runtime,
         resolve::Topics {
@@ -117,6 +134,9 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         c.kafka.reader_config(&format!("{client_id}-restore")),
         c.kafka.request_timeout,
     );
+    if let Some((g, _)) = &grants {
+        processor = processor.with_grants(g.clone());
+    }
     let loop_options = txn::Options {
         group_id: options.group_id.clone(),
         input_topics: vec![deps],
@@ -152,6 +172,9 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let _ = started.admin_task.await;
     let _ = tokio::task::spawn_blocking(move || reader.join()).await;
     let _ = tokio::task::spawn_blocking(move || follower.join()).await;
+    if let Some((_, f)) = grants {
+        let _ = tokio::task::spawn_blocking(move || f.join()).await;
+    }
     match result {
         Ok(r) => r.map_err(Error::from),
         Err(join) => Err(Error::Panicked(join.to_string())),

@@ -18,6 +18,7 @@ use rdkafka::message::Message;
 use sluice_core::decide::{self, Cause, Progress};
 use sluice_core::{AssetKey, DependencySpec};
 use sluice_kit::changelog::read_to_end;
+use sluice_kit::grants::SharedGrants;
 use sluice_kit::txn::{Input, Output, ProcessError, Processor};
 use sluice_kit::wire::{ProgressRecord, TriggerRecord, WireSpec};
 use sluice_kit::{Codec, SchemaName};
@@ -63,6 +64,10 @@ pub struct Resolve {
     recheck: BTreeSet<String>,
     /// Progress as it was before the open transaction touched it (None: was absent).
     saved: HashMap<String, Option<Progress>>,
+    /// Grants in force when they are enforced (`SLUICE_GRANTS=enforce`).
+    grants: Option<Arc<SharedGrants>>,
+    /// Dependencies whose refusal by the grants was logged (once per version).
+    withheld: HashMap<String, i64>,
 }
 
 pub fn wall_clock_ms() -> i64 {
@@ -96,7 +101,16 @@ impl Resolve {
             timed: HashSet::new(),
             recheck: BTreeSet::new(),
             saved: HashMap::new(),
+            grants: None,
+            withheld: HashMap::new(),
         }
+    }
+
+    /// Enforces `grants`: a dependency no grant allows is not evaluated (and so
+    /// never fires) until one does; the API shows it refused with the reason.
+    pub fn with_grants(mut self, grants: Arc<SharedGrants>) -> Self {
+        self.grants = Some(grants);
+        self
     }
 
     pub fn dependencies(&self) -> usize {
@@ -168,6 +182,18 @@ impl Resolve {
                 if !self.deps.contains_key(id) {
                     continue;
                 }
+                if let (Some(grants), Some(owned)) = (&self.grants, self.deps.get(id))
+                    && let Err(e) = grants.check(&owned.spec)
+                {
+                    metrics::counter!(m::WITHHELD_BY_GRANTS_TOTAL).increment(1);
+                    if self.withheld.insert(id.clone(), owned.spec.version)
+                        != Some(owned.spec.version)
+                    {
+                        tracing::warn!(dependency = %id, error = %e, "dependency withheld: no grant allows it");
+                    }
+                    continue;
+                }
+                self.withheld.remove(id);
                 self.save(id);
                 let Some(owned) = self.deps.get_mut(id) else {
                     continue;
@@ -469,6 +495,10 @@ impl Processor for Resolve {
                 }
             }
         }
+        // A grant given or revoked: every owned dependency is judged again.
+        if self.grants.as_ref().is_some_and(|g| g.take_changed()) {
+            self.recheck.extend(self.deps.keys().cloned());
+        }
         for id in std::mem::take(&mut self.recheck) {
             if seen.insert(id.clone()) {
                 work.push((id, Cause::Recheck));
@@ -498,6 +528,14 @@ impl Processor for Resolve {
                 self.table
                     .failure()
                     .unwrap_or_else(|| "asset-state table not caught up yet".into()),
+            ));
+        }
+        if let Some(g) = &self.grants
+            && !g.wait_caught_up(self.timeout * 10)
+        {
+            return Err(ProcessError::Retriable(
+                g.failure()
+                    .unwrap_or_else(|| "grants not read to their end yet".into()),
             ));
         }
         let parts: BTreeSet<i32> = partitions.iter().map(|(_, p)| *p).collect();

@@ -8,6 +8,7 @@
 
 pub mod asset_state;
 pub mod dependency_spec;
+pub mod grant;
 pub mod resolver_progress;
 pub mod run_status;
 pub mod trigger_request;
@@ -17,6 +18,7 @@ use sluice_core::TargetKind;
 
 pub use asset_state::{StateRecord, WireCommit};
 pub use dependency_spec::WireSpec;
+pub use grant::WireGrant;
 pub use resolver_progress::{InputBaseline, ProgressRecord};
 pub use run_status::RunRecord;
 pub use trigger_request::{TriggerInput, TriggerRecord, TriggerTarget};
