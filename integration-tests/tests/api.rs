@@ -394,8 +394,11 @@ async fn the_resolver_enforces_grants_on_a_spec_written_straight_to_the_topic() 
         client: reqwest::Client::new(),
     };
     // The target is shared with gmv; reading crm.raw is not granted.
-    let share = json!({"id": "gmv-hooks", "project": "gmv", "kind": "share_target", "target": "webhook:*"});
-    let (status, answer) = api.call("PUT", "/v1/grants/gmv-hooks", ADMIN, Some(&share)).await;
+    let share =
+        json!({"id": "gmv-hooks", "project": "gmv", "kind": "share_target", "target": "webhook:*"});
+    let (status, answer) = api
+        .call("PUT", "/v1/grants/gmv-hooks", ADMIN, Some(&share))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{answer}");
     let spec = DependencySpec::from_json(
         r#"{"id": "crm-sync", "version": 1, "owner_project": "gmv", "target": {"kind": "webhook", "name": "crm"},
@@ -422,22 +425,31 @@ async fn the_resolver_enforces_grants_on_a_spec_written_straight_to_the_topic() 
     push(&api.client, &url, "crm.raw.customer", 1).await;
     assert!(
         eventually(Duration::from_secs(20), || async {
-            let (s, d) = api.call("GET", "/v1/dependencies/crm-sync", ADMIN, None).await;
+            let (s, d) = api
+                .call("GET", "/v1/dependencies/crm-sync", ADMIN, None)
+                .await;
             s == StatusCode::OK && d["status"] == "refused"
         })
         .await
     );
-    let (_, d) = api.call("GET", "/v1/dependencies/crm-sync", ADMIN, None).await;
+    let (_, d) = api
+        .call("GET", "/v1/dependencies/crm-sync", ADMIN, None)
+        .await;
     assert_eq!(
         d["refused_reason"],
         "project \"gmv\" may not read namespace crm.raw (input crm.raw.customer): no grant lets it"
     );
     // The resolver withholds it: nothing fires while the grant is missing.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(sends.lock().expect("lock").is_empty(), "withheld without a grant");
+    assert!(
+        sends.lock().expect("lock").is_empty(),
+        "withheld without a grant"
+    );
     // Granted: it fires once, for the commit it had been waiting on.
     let read = json!({"id": "gmv-crm", "project": "gmv", "kind": "read_namespace", "namespace": "crm.raw"});
-    let (status, answer) = api.call("PUT", "/v1/grants/gmv-crm", ADMIN, Some(&read)).await;
+    let (status, answer) = api
+        .call("PUT", "/v1/grants/gmv-crm", ADMIN, Some(&read))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{answer}");
     assert!(
         eventually(Duration::from_secs(30), || async {
@@ -446,7 +458,9 @@ async fn the_resolver_enforces_grants_on_a_spec_written_straight_to_the_topic() 
         .await,
         "fires once the grant is given"
     );
-    let (_, d) = api.call("GET", "/v1/dependencies/crm-sync", ADMIN, None).await;
+    let (_, d) = api
+        .call("GET", "/v1/dependencies/crm-sync", ADMIN, None)
+        .await;
     assert_eq!(d["status"], "accepted", "{d}");
     let grants = api.get("/v1/grants").await;
     assert_eq!(grants["enforced"], true);

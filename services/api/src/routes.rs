@@ -358,22 +358,35 @@ async fn list_assets(
     let namespace = q.get("namespace");
     let cursor = q.get("cursor").unwrap_or("");
     let t = app.view.read();
-    let mut keys: Vec<&AssetKey> = t
-        .assets
-        .keys()
-        .filter(|k| k.as_str().starts_with(prefix) && k.as_str() > cursor)
-        .filter(|k| namespace.is_none_or(|n| format!("{}.{}", k.catalog(), k.namespace()) == n))
-        .collect();
-    keys.sort();
-    let more = keys.len() > limit;
-    keys.truncate(limit);
-    let next = more
-        .then(|| keys.last().map(|k| k.as_str().to_owned()))
-        .flatten();
-    let items = keys
-        .into_iter()
-        .filter_map(|k| t.assets.get(k).map(|(s, r)| asset_json(s, *r)))
-        .collect();
+    // Keys are ordered: start at the cursor (or the prefix) and stop at the page end.
+    let start = if cursor.is_empty() { prefix } else { cursor };
+    let mut items = Vec::with_capacity(limit);
+    let mut next = None;
+    for (k, (s, r)) in t.assets.range::<str, _>((
+        if cursor.is_empty() {
+            std::ops::Bound::Included(start)
+        } else {
+            std::ops::Bound::Excluded(start)
+        },
+        std::ops::Bound::Unbounded,
+    )) {
+        if !k.as_str().starts_with(prefix) {
+            if k.as_str() > prefix {
+                break;
+            }
+            continue;
+        }
+        if namespace.is_some_and(|n| format!("{}.{}", k.catalog(), k.namespace()) != n) {
+            continue;
+        }
+        if items.len() == limit {
+            next = items
+                .last()
+                .and_then(|v: &Value| v["asset_key"].as_str().map(str::to_owned));
+            break;
+        }
+        items.push(asset_json(s, *r));
+    }
     ok(page(items, next))
 }
 
@@ -477,33 +490,46 @@ async fn list_dependencies(
     let prefix = q.get("prefix").unwrap_or("");
     let cursor = q.get("cursor").unwrap_or("");
     let mut t = app.view.write();
-    let ids: Vec<String> = t
-        .specs
-        .range::<str, _>((
-            std::ops::Bound::Excluded(cursor),
-            std::ops::Bound::Unbounded,
-        ))
-        .filter(|(id, _)| id.starts_with(prefix))
-        .filter(|(id, _)| visible(&p, &t, id))
-        .filter(|(id, _)| project.is_none_or(|pr| owner_of(&t, id).as_deref() == Some(pr)))
-        .map(|(id, _)| id.clone())
-        .collect();
-    let mut items = Vec::new();
+    let mut items = Vec::with_capacity(limit);
     let mut next = None;
-    for id in ids {
-        let Some(v) = dependency_json(&mut t, &id) else {
-            continue;
-        };
-        if status.is_some_and(|s| v["status"] != s) {
-            continue;
-        }
-        if items.len() == limit {
-            next = items
-                .last()
-                .and_then(|v: &Value| v["id"].as_str().map(str::to_owned));
+    let mut after = cursor.to_owned();
+    // Ids in order from the cursor, a batch at a time, until the page is full.
+    'pages: loop {
+        let batch: Vec<String> = t
+            .specs
+            .range::<str, _>((
+                std::ops::Bound::Excluded(after.as_str()),
+                std::ops::Bound::Unbounded,
+            ))
+            .map(|(id, _)| id)
+            .take(256)
+            .cloned()
+            .collect();
+        let Some(last) = batch.last().cloned() else {
             break;
+        };
+        for id in batch {
+            if !id.starts_with(prefix)
+                || !visible(&p, &t, &id)
+                || project.is_some_and(|pr| owner_of(&t, &id).as_deref() != Some(pr))
+            {
+                continue;
+            }
+            let Some(v) = dependency_json(&mut t, &id) else {
+                continue;
+            };
+            if status.is_some_and(|s| v["status"] != s) {
+                continue;
+            }
+            if items.len() == limit {
+                next = items
+                    .last()
+                    .and_then(|v: &Value| v["id"].as_str().map(str::to_owned));
+                break 'pages;
+            }
+            items.push(v);
         }
-        items.push(v);
+        after = last;
     }
     ok(page(items, next))
 }

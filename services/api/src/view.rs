@@ -32,7 +32,8 @@ pub struct SpecEntry {
 
 #[derive(Default)]
 pub struct Tables {
-    pub assets: HashMap<AssetKey, (AssetState, i64)>,
+    /// Ordered, so a page of a prefix is a range read, not a scan.
+    pub assets: BTreeMap<AssetKey, (AssetState, i64)>,
     pub specs: BTreeMap<String, SpecEntry>,
     pub progress: HashMap<String, Progress>,
     /// Next offset to read of each dependencies partition (read-your-writes).

@@ -296,3 +296,11 @@ mod tests {
         assert!("orc".parse::<TableFormat>().is_err());
     }
 }
+
+/// A key orders, compares and hashes as its text, so ordered maps of keys can be
+/// read by a text range (a page of a prefix).
+impl std::borrow::Borrow<str> for AssetKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
