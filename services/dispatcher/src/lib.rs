@@ -75,21 +75,9 @@ impl Options {
             env.problem("SLUICE_DATABASE_URL is not a valid postgres:// URL");
         }
         let max_connections = env.parse("SLUICE_DATABASE_MAX_CONNECTIONS", 8u32);
-        let targets_json = match (
-            env.optional("SLUICE_TARGETS"),
-            env.optional("SLUICE_TARGETS_FILE"),
-        ) {
-            (Some(_), Some(_)) => {
-                env.problem("set SLUICE_TARGETS or SLUICE_TARGETS_FILE, not both");
-                "[]".to_owned()
-            }
-            (Some(json), None) => json,
-            (None, Some(path)) => std::fs::read_to_string(&path).unwrap_or_else(|e| {
-                env.problem(format!("SLUICE_TARGETS_FILE {path}: {e}"));
-                "[]".to_owned()
-            }),
-            (None, None) => "[]".to_owned(),
-        };
+        let targets_json = env
+            .value_or_file("SLUICE_TARGETS")
+            .unwrap_or_else(|| "[]".to_owned());
         let targets = targets::Targets::parse(&targets_json).unwrap_or_else(|problems| {
             for p in problems {
                 env.problem(p);

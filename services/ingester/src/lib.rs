@@ -48,21 +48,6 @@ pub struct Options {
     pub group_id: String,
 }
 
-fn json_or_file(env: &mut Env, name: &str) -> Option<String> {
-    let file_var = format!("{name}_FILE");
-    match (env.optional(name), env.optional(&file_var)) {
-        (Some(_), Some(_)) => {
-            env.problem(format!("set {name} or {file_var}, not both"));
-            None
-        }
-        (Some(json), None) => Some(json),
-        (None, Some(path)) => std::fs::read_to_string(&path)
-            .map_err(|e| env.problem(format!("{file_var} {path}: {e}")))
-            .ok(),
-        (None, None) => None,
-    }
-}
-
 impl Options {
     pub fn from_env() -> Result<Self, ConfigErrors> {
         Self::read(Env::from_process())
@@ -84,7 +69,7 @@ impl Options {
                 })
                 .ok(),
         };
-        let tokens = match json_or_file(&mut env, "SLUICE_INGEST_TOKENS") {
+        let tokens = match env.value_or_file("SLUICE_INGEST_TOKENS") {
             Some(json) => auth::Tokens::parse(&json).unwrap_or_else(|ps| {
                 ps.into_iter().for_each(|p| env.problem(p));
                 auth::Tokens::default()
@@ -97,7 +82,8 @@ impl Options {
         let max_body_bytes = env.parse("SLUICE_INGEST_MAX_BODY_BYTES", 1usize << 20);
         let max_batch = env.parse("SLUICE_INGEST_MAX_BATCH", 1_000usize);
         let ack_timeout = env.millis("SLUICE_INGEST_ACK_TIMEOUT_MS", Duration::from_secs(10));
-        let hook_topics = json_or_file(&mut env, "SLUICE_HOOK_TOPICS")
+        let hook_topics = env
+            .value_or_file("SLUICE_HOOK_TOPICS")
             .map(|json| {
                 hooks::parse_topics(&json).unwrap_or_else(|ps| {
                     ps.into_iter().for_each(|p| env.problem(p));
@@ -105,7 +91,8 @@ impl Options {
                 })
             })
             .unwrap_or_default();
-        let tables = json_or_file(&mut env, "SLUICE_POLL_TABLES")
+        let tables = env
+            .value_or_file("SLUICE_POLL_TABLES")
             .map(|json| {
                 poll::parse_tables(&json).unwrap_or_else(|ps| {
                     ps.into_iter().for_each(|p| env.problem(p));

@@ -128,6 +128,23 @@ impl Env {
         }
     }
 
+    /// A value given inline (`NAME`) or in a file (`NAME_FILE`, e.g. a mounted
+    /// Secret), not both; none if neither is set.
+    pub fn value_or_file(&mut self, name: &str) -> Option<String> {
+        let file_var = format!("{name}_FILE");
+        match (self.optional(name), self.optional(&file_var)) {
+            (Some(_), Some(_)) => {
+                self.problem(format!("set {name} or {file_var}, not both"));
+                None
+            }
+            (Some(value), None) => Some(value),
+            (None, Some(path)) => std::fs::read_to_string(&path)
+                .map_err(|e| self.problem(format!("{file_var} {path}: {e}")))
+                .ok(),
+            (None, None) => None,
+        }
+    }
+
     /// Every variable that starts with `prefix`, with the prefix removed.
     pub fn with_prefix(&self, prefix: &str) -> BTreeMap<String, String> {
         self.vars
@@ -152,6 +169,77 @@ impl Env {
             Err(ConfigErrors(self.errors))
         }
     }
+}
+
+/// Every `SLUICE_*` variable a Sluice service reads (any service: one environment
+/// may be shared by all), plus the `SLUICE_RDKAFKA_*` family. A test holds this
+/// list, the names the code reads and the README's configuration table together.
+pub const KNOWN: &[&str] = &[
+    "SLUICE_ADMIN_ADDR",
+    "SLUICE_API_ADDR",
+    "SLUICE_API_DATABASE_URL",
+    "SLUICE_API_MAX_PAGE",
+    "SLUICE_API_TOKENS_FILE",
+    "SLUICE_BATCH_MAX_MS",
+    "SLUICE_BATCH_MAX_RECORDS",
+    "SLUICE_COMMAND_DIR",
+    "SLUICE_DATABASE_MAX_CONNECTIONS",
+    "SLUICE_DATABASE_URL",
+    "SLUICE_DISPATCHER_FAULT",
+    "SLUICE_DISPATCH_LOOK_MS",
+    "SLUICE_DISPATCH_ROUND_MS",
+    "SLUICE_GRANTS",
+    "SLUICE_HOOK_TOPICS",
+    "SLUICE_HOOK_TOPICS_FILE",
+    "SLUICE_INGESTER_GROUP",
+    "SLUICE_INGEST_ACK_TIMEOUT_MS",
+    "SLUICE_INGEST_HTTP_ADDR",
+    "SLUICE_INGEST_MAX_BATCH",
+    "SLUICE_INGEST_MAX_BODY_BYTES",
+    "SLUICE_INGEST_TOKENS",
+    "SLUICE_INGEST_TOKENS_FILE",
+    "SLUICE_INSTANCE",
+    "SLUICE_INTAKE_BATCH_MAX",
+    "SLUICE_INTAKE_BATCH_WAIT_MS",
+    "SLUICE_KAFKA_BOOTSTRAP",
+    "SLUICE_KAFKA_REQUEST_TIMEOUT_MS",
+    "SLUICE_LOG",
+    "SLUICE_LOG_FORMAT",
+    "SLUICE_POLL_TABLES",
+    "SLUICE_POLL_TABLES_FILE",
+    "SLUICE_RESOLVER_GROUP",
+    "SLUICE_SCHEMA_REGISTRY_URL",
+    "SLUICE_SHUTDOWN_GRACE_MS",
+    "SLUICE_STATE_UPDATER_GROUP",
+    "SLUICE_TARGETS",
+    "SLUICE_TARGETS_FILE",
+    "SLUICE_TLS_CA_FILE",
+    "SLUICE_TOPIC_PARTITIONS",
+    "SLUICE_TOPIC_PREFIX",
+    "SLUICE_TOPIC_REPLICATION_FACTOR",
+];
+
+/// What a command target is given (set by the dispatcher, never read by a service).
+pub const COMMAND_ENV: &[&str] = &[
+    "SLUICE_TRIGGER",
+    "SLUICE_TRIGGER_KEY",
+    "SLUICE_DEPENDENCY_ID",
+    "SLUICE_INVOCATION_ID",
+    "SLUICE_ATTEMPT",
+];
+
+/// The `SLUICE_*` names in `vars` no service reads: most likely typos, which would
+/// otherwise leave a setting at its default without a word.
+pub fn unknown_variables(vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+    vars.into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| {
+            k.starts_with("SLUICE_")
+                && !k.starts_with("SLUICE_RDKAFKA_")
+                && !KNOWN.contains(&k.as_str())
+                && !COMMAND_ENV.contains(&k.as_str())
+        })
+        .collect()
 }
 
 /// Log output format.
@@ -236,6 +324,18 @@ mod tests {
         let err = env.finish(()).expect_err("four problems");
         assert_eq!(err.0.len(), 4, "{err}");
         assert!(err.to_string().contains("SLUICE_MISSING is required"));
+    }
+
+    #[test]
+    fn a_typo_is_reported_and_known_names_are_not() {
+        let vars = [
+            ("SLUICE_KAFKA_BOOSTRAP", "x"),
+            ("SLUICE_KAFKA_BOOTSTRAP", "x"),
+            ("SLUICE_RDKAFKA_LINGER_MS", "5"),
+            ("PATH", "/bin"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        assert_eq!(unknown_variables(vars), ["SLUICE_KAFKA_BOOSTRAP"]);
     }
 
     #[test]

@@ -29,6 +29,10 @@ where
     };
     let c = common(&options);
     crate::telemetry::init(c.log_format, &c.log_filter);
+    let unknown = crate::config::unknown_variables(std::env::vars());
+    if !unknown.is_empty() {
+        tracing::warn!(variables = ?unknown, "SLUICE_ variables no service reads (a typo?); they have no effect");
+    }
     let (service, grace) = (c.service, c.shutdown_grace);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
