@@ -206,6 +206,14 @@ impl FromStr for TableFormat {
     }
 }
 
+/// A key orders, compares and hashes as its text, so ordered maps of keys can be
+/// read by a text range (a page of a prefix).
+impl std::borrow::Borrow<str> for AssetKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,13 +302,5 @@ mod tests {
             assert_eq!(f.as_str().to_lowercase().parse::<TableFormat>(), Ok(f));
         }
         assert!("orc".parse::<TableFormat>().is_err());
-    }
-}
-
-/// A key orders, compares and hashes as its text, so ordered maps of keys can be
-/// read by a text range (a page of a prefix).
-impl std::borrow::Borrow<str> for AssetKey {
-    fn borrow(&self) -> &str {
-        &self.0
     }
 }
