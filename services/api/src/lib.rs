@@ -5,12 +5,14 @@
 //! of instances serve the same answers.
 //!
 //! * [`auth`] — principals from hashed tokens, roles per project.
+//! * [`jwt`] — principals from the identity provider's JWTs (JWKS).
 //! * [`routes`] — the HTTP API (`services/api/openapi.json` documents it).
 //! * [`commits`] — an asset's recent commits, read from the evidence log.
 
 pub mod auth;
 pub mod commits;
 pub mod db;
+pub mod jwt;
 pub mod routes;
 pub mod view;
 
@@ -44,7 +46,9 @@ pub struct Options {
     /// PostgreSQL with a role that may read trigger_history, jobs and
     /// run_transitions and insert into api_audit.
     pub database_url: Secret,
-    pub tokens_file: PathBuf,
+    pub tokens_file: Option<PathBuf>,
+    /// The identity provider's keys (a file or a URL) and the rules its JWTs meet.
+    pub jwt: Option<(jwt::Source, jwt::Rules)>,
     /// Most items one page may hold.
     pub max_page: usize,
     /// `SLUICE_GRANTS`: set it as the resolvers have it.
@@ -65,7 +69,21 @@ impl Options {
         if database_url.is_none() {
             env.problem("SLUICE_API_DATABASE_URL (or SLUICE_DATABASE_URL) is required");
         }
-        let tokens_file = PathBuf::from(env.required("SLUICE_API_TOKENS_FILE"));
+        let tokens_file = env.optional("SLUICE_API_TOKENS_FILE").map(PathBuf::from);
+        let jwt = env.optional("SLUICE_API_JWKS").map(|raw| {
+            let rules = jwt::Rules {
+                issuer: env.required("SLUICE_API_JWT_ISSUER"),
+                audience: env.required("SLUICE_API_JWT_AUDIENCE"),
+                name_claim: env.string("SLUICE_API_JWT_NAME_CLAIM", "sub"),
+                roles_claim: env.string("SLUICE_API_JWT_ROLES_CLAIM", "sluice_roles"),
+            };
+            (jwt::Source::parse(&raw), rules)
+        });
+        if tokens_file.is_none() && jwt.is_none() {
+            env.problem(
+                "set SLUICE_API_TOKENS_FILE, SLUICE_API_JWKS or both: without them nobody can call the API",
+            );
+        }
         let max_page = env.parse("SLUICE_API_MAX_PAGE", 1_000usize);
         let grants = env.parse("SLUICE_GRANTS", GrantsMode::Off);
         if max_page == 0 {
@@ -76,6 +94,7 @@ impl Options {
             listen,
             database_url: database_url.unwrap_or_else(|| Secret::new("")),
             tokens_file,
+            jwt,
             max_page,
             grants,
         })
@@ -104,7 +123,20 @@ pub enum Error {
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
     let c = &options.common;
-    let tokens = auth::TokenFile::open(options.tokens_file.clone()).map_err(Error::Tokens)?;
+    let tokens = match &options.tokens_file {
+        Some(path) => Some(Arc::new(
+            auth::TokenFile::open(path.clone()).map_err(Error::Tokens)?,
+        )),
+        None => None,
+    };
+    let idp = match options.jwt.clone() {
+        Some((source, rules)) => Some(Arc::new(
+            jwt::Provider::open(source, rules)
+                .await
+                .map_err(Error::Tokens)?,
+        )),
+        None => None,
+    };
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(10))
@@ -146,7 +178,8 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     }
     let app = routes::App {
         view: view.clone(),
-        tokens: Arc::new(tokens),
+        tokens,
+        idp,
         pool,
         producer: Arc::new(c.kafka.producer_config(&client_id).create()?),
         codec: Arc::new(Codec::new(c.schema_registry_url.as_deref())),

@@ -29,6 +29,7 @@ use sqlx::PgPool;
 use crate::auth::{Principal, Role, TokenFile};
 use crate::commits::Commits;
 use crate::db;
+use crate::jwt::Provider;
 use crate::view::{Tables, View};
 
 /// Every route, as `openapi.json` documents it (a test holds the two together).
@@ -57,7 +58,10 @@ pub const ROUTES: &[(&str, &str)] = &[
 #[derive(Clone)]
 pub struct App {
     pub view: Arc<View>,
-    pub tokens: Arc<TokenFile>,
+    /// Callers by hashed token (`SLUICE_API_TOKENS_FILE`).
+    pub tokens: Option<Arc<TokenFile>>,
+    /// Callers by JWT from the identity provider (`SLUICE_API_JWKS`).
+    pub idp: Option<Arc<Provider>>,
     pub pool: PgPool,
     pub producer: Arc<FutureProducer>,
     pub codec: Arc<Codec>,
@@ -163,7 +167,7 @@ fn ok(value: Value) -> Answer {
 // ---- who is calling ----
 
 impl App {
-    fn principal(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    async fn principal(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
         let unauthorized = |m: &str| err(StatusCode::UNAUTHORIZED, "unauthorized", m);
         let value = headers
             .get(header::AUTHORIZATION)
@@ -172,17 +176,26 @@ impl App {
             .to_str()
             .ok()
             .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
             .ok_or_else(|| unauthorized("Authorization must be `Bearer <token>`"))?;
+        // A JWT has three dot-separated parts; a Sluice token has none.
+        if token.split('.').count() == 3
+            && let Some(idp) = &self.idp
+        {
+            return idp
+                .principal(token)
+                .await
+                .map_err(|e| unauthorized(&e.to_string()));
+        }
         self.tokens
-            .current()
-            .principal(token.trim())
-            .cloned()
+            .as_ref()
+            .and_then(|t| t.current().principal(token).cloned())
             .ok_or_else(|| unauthorized("the token is not valid"))
     }
 
     /// A reader of some project: assets and lineage are visible to any of them.
-    fn reader(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
-        let p = self.principal(headers)?;
+    async fn reader(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let p = self.principal(headers).await?;
         if !p.may_anywhere(Role::Viewer) {
             return Err(forbidden(format!("{} holds no role", p.name)));
         }
@@ -341,7 +354,7 @@ fn visible(p: &Principal, t: &Tables, id: &str) -> bool {
 // ---- handlers ----
 
 async fn whoami(State(app): State<App>, headers: HeaderMap) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     ok(serde_json::to_value(p).unwrap_or(Value::Null))
 }
 
@@ -350,7 +363,7 @@ async fn list_assets(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    app.reader(&headers)?;
+    app.reader(&headers).await?;
     app.ready()?;
     let q = Params::new(q, &["prefix", "namespace", "limit", "cursor"])?;
     let limit = q.limit(app.max_page, 100)?;
@@ -396,7 +409,7 @@ async fn get_asset(
     Path(key): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    app.reader(&headers)?;
+    app.reader(&headers).await?;
     app.ready()?;
     Params::new(q, &[])?;
     let key = asset_key(&key)?;
@@ -425,7 +438,7 @@ async fn asset_commits(
     Path(key): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    app.reader(&headers)?;
+    app.reader(&headers).await?;
     let q = Params::new(q, &["limit"])?;
     let limit = q.limit(app.max_page, 20)?;
     let key = asset_key(&key)?;
@@ -447,7 +460,7 @@ async fn asset_dependencies(
     Path(key): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.reader(&headers)?;
+    let p = app.reader(&headers).await?;
     app.ready()?;
     Params::new(q, &[])?;
     let key = asset_key(&key)?;
@@ -474,7 +487,7 @@ async fn list_dependencies(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     app.ready()?;
     let q = Params::new(q, &["project", "status", "prefix", "limit", "cursor"])?;
     let limit = q.limit(app.max_page, 100)?;
@@ -552,7 +565,7 @@ async fn get_dependency(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     app.ready()?;
     Params::new(q, &[])?;
     let mut t = app.view.write();
@@ -692,7 +705,7 @@ async fn put_dependency(
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     app.ready()?;
     let q = Params::new(q, &["dry_run"])?;
     let dry_run = q.flag("dry_run")?;
@@ -806,7 +819,7 @@ async fn delete_dependency(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     app.ready()?;
     let q = Params::new(q, &["dry_run"])?;
     let dry_run = q.flag("dry_run")?;
@@ -849,7 +862,7 @@ async fn explain_dependency(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     app.ready()?;
     let q = Params::new(q, &["at_ms"])?;
     let now = match q.get("at_ms") {
@@ -900,7 +913,7 @@ async fn dependency_triggers(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     let q = Params::new(q, &["limit", "cursor"])?;
     let limit = q.limit(app.max_page, 50)?;
     {
@@ -942,7 +955,7 @@ async fn list_runs(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     let q = Params::new(q, &["status", "dependency", "target", "limit", "cursor"])?;
     let limit = q.limit(app.max_page, 100)?;
     let status = q.get("status").map(str::to_ascii_uppercase);
@@ -990,7 +1003,7 @@ async fn get_run(
     Path(key): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     Params::new(q, &[])?;
     if !key.starts_with("tk1-") || key.len() != 36 {
         return Err(bad(format!(
@@ -1019,7 +1032,7 @@ async fn lineage(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.reader(&headers)?;
+    let p = app.reader(&headers).await?;
     app.ready()?;
     let q = Params::new(q, &["project"])?;
     let project = q.get("project");
@@ -1070,7 +1083,7 @@ async fn events(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let p = app.reader(&headers)?;
+    let p = app.reader(&headers).await?;
     Params::new(q, &[])?;
     let rx = app.view.events.subscribe();
     let view = app.view.clone();
@@ -1121,7 +1134,7 @@ async fn audit(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = app.principal(&headers)?;
+    let p = app.principal(&headers).await?;
     if !p.may_anywhere(Role::Admin) {
         return Err(forbidden(format!(
             "{} is not an admin of any project; the audit log needs admin",
@@ -1162,7 +1175,7 @@ async fn list_grants(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    app.reader(&headers)?;
+    app.reader(&headers).await?;
     app.ready()?;
     let q = Params::new(q, &["project"])?;
     let project = q.get("project");
@@ -1181,8 +1194,8 @@ async fn list_grants(
 
 /// Grants open one project's reach into another's data and targets: only an
 /// admin of every project (`*`) gives or takes them.
-fn grant_admin(app: &App, headers: &HeaderMap) -> Result<Principal, ApiError> {
-    let p = app.principal(headers)?;
+async fn grant_admin(app: &App, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    let p = app.principal(headers).await?;
     if !p.may(Role::Admin, "*") {
         return Err(forbidden(format!(
             "{}; grants need admin of every project (\"*\")",
@@ -1199,7 +1212,7 @@ async fn put_grant(
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Answer {
-    let p = grant_admin(&app, &headers)?;
+    let p = grant_admin(&app, &headers).await?;
     app.ready()?;
     let q = Params::new(q, &["dry_run"])?;
     let dry_run = q.flag("dry_run")?;
@@ -1261,7 +1274,7 @@ async fn delete_grant(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
-    let p = grant_admin(&app, &headers)?;
+    let p = grant_admin(&app, &headers).await?;
     app.ready()?;
     Params::new(q, &[])?;
     let current = app

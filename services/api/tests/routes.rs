@@ -85,7 +85,8 @@ fn app_with(view: Arc<View>) -> App {
     kafka.set("bootstrap.servers", "127.0.0.1:1");
     App {
         view,
-        tokens: Arc::new(TokenFile::open(file).expect("tokens")),
+        tokens: Some(Arc::new(TokenFile::open(file).expect("tokens"))),
+        idp: None,
         pool: sqlx::postgres::PgPoolOptions::new()
             .acquire_timeout(Duration::from_millis(300))
             .connect_lazy("postgres://nobody@127.0.0.1:1/none")
@@ -685,4 +686,92 @@ async fn pages_follow_their_cursors_to_the_end_without_gaps_or_repeats() {
     assert!(deps.windows(2).all(|w| w[0] < w[1]));
     let other = walk("/v1/dependencies?project=other", "id", "root").await;
     assert_eq!(other.len(), 26 + 1);
+}
+
+#[tokio::test]
+async fn a_jwt_from_the_identity_provider_is_a_principal_and_a_bad_one_a_precise_401() {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use ring::rand::SystemRandom;
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+    use sluice_api::jwt::{Provider, Rules, Source};
+    let rng = SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+        .expect("pair");
+    let point = pair.public_key().as_ref();
+    let jwks = json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1",
+        "x": URL_SAFE_NO_PAD.encode(&point[1..33]), "y": URL_SAFE_NO_PAD.encode(&point[33..65])}]});
+    let file = std::env::temp_dir().join(format!(
+        "sluice-jwks-{}-{}.json",
+        std::process::id(),
+        uuid()
+    ));
+    std::fs::write(&file, jwks.to_string()).expect("jwks file");
+    let rules = Rules {
+        issuer: "https://idp.example".into(),
+        audience: "sluice".into(),
+        name_claim: "email".into(),
+        roles_claim: "sluice_roles".into(),
+    };
+    let mut app = app();
+    app.idp = Some(Arc::new(
+        Provider::open(Source::File(file), rules)
+            .await
+            .expect("provider"),
+    ));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let sign = |exp: i64| {
+        let enc = |v: Value| URL_SAFE_NO_PAD.encode(v.to_string());
+        let signed = format!(
+            "{}.{}",
+            enc(json!({"alg": "ES256", "kid": "k1"})),
+            enc(
+                json!({"iss": "https://idp.example", "aud": "sluice", "email": "ann@example.com",
+                       "exp": exp, "sluice_roles": {"gmv": "viewer"}})
+            )
+        );
+        let sig = pair
+            .sign(&SystemRandom::new(), signed.as_bytes())
+            .expect("signs");
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+    };
+    let with = |token: String| {
+        let app = app.clone();
+        async move {
+            let req = Request::builder()
+                .uri("/v1/dependencies/gmv-dep")
+                .header("authorization", format!("Bearer {token}"))
+                .body(Body::empty())
+                .expect("request");
+            let resp = router(app).oneshot(req).await.expect("answers");
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+            (
+                status,
+                serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let (status, body) = with(sign(now + 600)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = with(sign(now - 3_600)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error"]["message"], "the JWT expired");
+    // The viewer of gmv may not edit.
+    let mut req_app = app.clone();
+    req_app.tokens = None;
+    let req = Request::builder()
+        .method("PUT")
+        .uri("/v1/dependencies/gmv-dep?dry_run=true")
+        .header("authorization", format!("Bearer {}", sign(now + 600)))
+        .body(Body::from(
+            serde_json::to_string(&spec("gmv-dep", "gmv", "lake.ods.order", None)).expect("json"),
+        ))
+        .expect("request");
+    let resp = router(req_app).oneshot(req).await.expect("answers");
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
 }
