@@ -41,11 +41,9 @@ impl Commits {
     ) -> Result<Found, String> {
         let partition =
             sluice_kit::kafka::partition_for(asset.as_str().as_bytes(), self.partitions);
-        let mut config = self.config.clone();
         // The end of the partition is reported, so a read that ends on a
         // transaction marker (an offset no record has) still ends.
-        config.set("enable.partition.eof", "true");
-        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+        let consumer = sluice_kit::kafka::reader(&self.config).map_err(|e| e.to_string())?;
         let (low, high) = consumer
             .fetch_watermarks(&self.topic, partition, self.timeout)
             .map_err(|e| format!("end of {}/{partition}: {e}", self.topic))?;
@@ -69,7 +67,7 @@ impl Commits {
     /// The events of `asset` at offsets `start..end`, oldest first.
     fn read_range(
         &self,
-        consumer: &BaseConsumer,
+        consumer: &BaseConsumer<sluice_kit::kafka::ReaderContext>,
         partition: i32,
         start: i64,
         end: i64,

@@ -289,9 +289,7 @@ impl Provider {
     /// Verifies a token; refreshes the keys first when they are stale, or when the
     /// token names a key not held (a rotation), at most every 30 s.
     pub async fn principal(&self, token: &str) -> Result<Principal, JwtError> {
-        let now_s = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        let now_s = sluice_kit::clock::now_s();
         let (keys, age) = {
             let c = self.cached();
             (c.keys.clone(), c.fetched.elapsed())

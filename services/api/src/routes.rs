@@ -866,7 +866,7 @@ async fn explain_dependency(
     app.ready()?;
     let q = Params::new(q, &["at_ms"])?;
     let now = match q.get("at_ms") {
-        None => sluice_kit::health::now_ms(),
+        None => sluice_kit::clock::now_ms(),
         Some(v) => v.parse::<i64>().map_err(|_| {
             bad(format!(
                 "at_ms must be milliseconds since the epoch, got {v:?}"

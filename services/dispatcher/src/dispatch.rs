@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_kit::Shutdown;
+use sluice_kit::clock::now_ms;
 use sqlx::PgPool;
 use tokio::task::JoinSet;
 
@@ -33,12 +34,6 @@ pub struct Dispatcher {
     /// How often a followed run or an UNKNOWN job is looked at.
     pub look_every: Duration,
     pub fault: Fault,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Dispatcher {

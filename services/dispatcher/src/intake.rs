@@ -219,14 +219,9 @@ impl Intake {
         );
         metrics::counter!(m::TRIGGERS_DEAD_LETTERED_TOTAL).increment(1);
         loop {
-            let mut headers = rdkafka::message::OwnedHeaders::new();
-            for (k, v) in &out.headers {
-                headers = headers.insert(rdkafka::message::Header {
-                    key: k,
-                    value: Some(v),
-                });
-            }
-            let mut record = FutureRecord::to(&out.topic).key(&out.key).headers(headers);
+            let mut record = FutureRecord::to(&out.topic)
+                .key(&out.key)
+                .headers(sluice_kit::dlq::owned_headers(&out.headers));
             if let Some(p) = &out.payload {
                 record = record.payload(p);
             }

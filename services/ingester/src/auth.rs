@@ -38,13 +38,9 @@ pub enum Denied {
     },
 }
 
-/// Compares without stopping at the first difference (no timing hint about the prefix).
+/// Compares in constant time (no timing hint about a matching prefix).
 fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    subtle::ConstantTimeEq::ct_eq(a.as_bytes(), b.as_bytes()).into()
 }
 
 impl Tokens {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -23,11 +23,7 @@ pub fn read_to_end(
     if partitions.is_empty() {
         return Ok(0);
     }
-    let mut config = config.clone();
-    config.set("enable.partition.eof", "true");
-    let consumer: BaseConsumer = config
-        .create()
-        .map_err(|e| format!("{topic} reader: {e}"))?;
+    let consumer = crate::kafka::reader(config).map_err(|e| format!("{topic} reader: {e}"))?;
     let mut tpl = TopicPartitionList::new();
     for p in partitions {
         tpl.add_partition_offset(topic, *p, Offset::Beginning)
@@ -72,9 +68,7 @@ pub fn follow(
     mut on_caught_up: impl FnMut(),
     mut on_record: impl FnMut(&BorrowedMessage<'_>),
 ) -> Result<(), String> {
-    let mut config = config.clone();
-    config.set("enable.partition.eof", "true");
-    let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+    let consumer = crate::kafka::reader(config).map_err(|e| e.to_string())?;
     let md = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| format!("metadata of {topic}: {e}"))?;

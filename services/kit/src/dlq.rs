@@ -4,7 +4,7 @@
 //! headers `sluice.dlq.topic`, `sluice.dlq.partition`, `sluice.dlq.offset`,
 //! `sluice.dlq.error` (plus the original headers).
 
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 
 use crate::txn::Output;
 
@@ -13,16 +13,32 @@ pub const HEADER_PARTITION: &str = "sluice.dlq.partition";
 pub const HEADER_OFFSET: &str = "sluice.dlq.offset";
 pub const HEADER_ERROR: &str = "sluice.dlq.error";
 
-/// The dead-letter record of a consumed Kafka record.
-pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> Output {
-    let mut headers: Vec<(String, Vec<u8>)> = msg
-        .headers()
+/// A consumed record's headers, owned (a header without a value: empty bytes).
+pub fn copy_headers(msg: &BorrowedMessage<'_>) -> Vec<(String, Vec<u8>)> {
+    msg.headers()
         .map(|h| {
             h.iter()
                 .map(|x| (x.key.to_owned(), x.value.unwrap_or_default().to_vec()))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Headers to produce, from an [`Output`]'s pairs.
+pub fn owned_headers(pairs: &[(String, Vec<u8>)]) -> OwnedHeaders {
+    pairs
+        .iter()
+        .fold(OwnedHeaders::new_with_capacity(pairs.len()), |h, (k, v)| {
+            h.insert(Header {
+                key: k,
+                value: Some(v),
+            })
+        })
+}
+
+/// The dead-letter record of a consumed Kafka record.
+pub fn dead_letter(dlq_topic: &str, msg: &BorrowedMessage<'_>, error: &str) -> Output {
+    let mut headers = copy_headers(msg);
     headers.extend(origin_headers(
         msg.topic(),
         msg.partition(),

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use crate::clock::now_ms;
 
 #[derive(Clone, Debug)]
 pub struct Health(Arc<Inner>);
@@ -14,13 +16,6 @@ struct Inner {
     stopping: AtomicBool,
     /// A work loop that has not beaten for this long is not live.
     stall_after: Duration,
-}
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
 }
 
 impl Health {

@@ -163,6 +163,32 @@ mod tests {
     }
 }
 
+/// The context of a reader that asks for end-of-partition events: reaching the
+/// end is how a reader knows it caught up, not an error, so librdkafka's report
+/// of it is logged at DEBUG (the default context logs it at ERROR on every start).
+pub struct ReaderContext;
+
+impl rdkafka::ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::debug!(reason, "end of partition");
+        } else {
+            tracing::error!(error = %error, reason, "librdkafka error");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
+/// A group-less reader over `config` with end-of-partition events on.
+pub fn reader(
+    config: &ClientConfig,
+) -> Result<rdkafka::consumer::BaseConsumer<ReaderContext>, KafkaError> {
+    let mut config = config.clone();
+    config.set("enable.partition.eof", "true");
+    config.create_with_context(ReaderContext)
+}
+
 /// The partition the producers (librdkafka `murmur2_random`, the Java client's
 /// default) put `key` on: `(murmur2(key) & 0x7fffffff) % partitions`. Lets a
 /// reader go straight to one key's partition (the API reading an asset's commits).

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod changelog;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod dlq;

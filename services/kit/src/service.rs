@@ -142,24 +142,3 @@ pub async fn start(
         admin_task,
     })
 }
-
-impl Started {
-    /// Marks the service ready and holds until shutdown; then not-ready and the admin
-    /// server drains. Services whose work loop is not wired in yet use this directly.
-    pub async fn hold_until_stopped(self, service: &str, shutdown: Shutdown) {
-        self.health.set_ready(true);
-        tracing::info!(service, admin = %self.admin_addr, "ready");
-        // Liveness for a service without a work loop: the runtime itself beats.
-        let health = self.health.clone();
-        let beat = tokio::spawn(async move {
-            loop {
-                health.beat();
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
-        shutdown.clone().wait_stopped().await;
-        self.health.set_stopping();
-        beat.abort();
-        let _ = self.admin_task.await;
-    }
-}

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -580,16 +580,9 @@ impl<P: Processor> TxnLoop<P> {
     }
 
     fn send(&self, out: &Output) -> Result<(), BatchError> {
-        let mut headers = OwnedHeaders::new();
-        for (k, v) in &out.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v),
-            });
-        }
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic)
             .key(&out.key[..])
-            .headers(headers);
+            .headers(crate::dlq::owned_headers(&out.headers));
         if let Some(p) = &out.payload {
             record = record.payload(&p[..]);
         }

@@ -70,12 +70,6 @@ pub struct Resolve {
     withheld: HashMap<String, i64>,
 }
 
-pub fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 impl Resolve {
     pub fn new(
         codec: Codec,
@@ -95,7 +89,7 @@ impl Resolve {
             watermarks: None,
             reader,
             timeout,
-            clock: wall_clock_ms,
+            clock: sluice_kit::clock::now_ms,
             deps: HashMap::new(),
             index: HashMap::new(),
             timed: HashSet::new(),
@@ -205,7 +199,8 @@ impl Resolve {
                 }
                 for fire in &outcome.fires {
                     metrics::counter!(m::TRIGGERS_TOTAL).increment(1);
-                    tracing::info!(
+                    // Counted by the metric; one line per trigger only when asked for.
+                    tracing::debug!(
                         dependency = %owned.spec.id,
                         trigger_key = %fire.key,
                         reason = %fire.reason,

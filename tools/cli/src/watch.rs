@@ -11,6 +11,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::{AssetEvent, JobStatus};
+use sluice_kit::clock::now_ms;
 use sluice_kit::config::Common;
 use sluice_kit::wire::RunRecord;
 use sluice_kit::wire::{StateRecord, TriggerRecord};
@@ -44,12 +45,6 @@ impl Args {
         }
         Ok(a)
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// `HH:MM:SS.mmm` UTC of an epoch-ms instant.

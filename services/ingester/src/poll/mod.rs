@@ -480,9 +480,7 @@ impl Poller {
 
 /// A polled fact that is not a commit (schema change, expiry).
 fn fact(t: &Table, kind: EventKind, sequence: i64, snapshot_id: i64) -> AssetEvent {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+    let now = sluice_kit::clock::now_ms();
     AssetEvent::new(
         t.asset.clone(),
         t.format,
