@@ -46,12 +46,12 @@ impl Processor for Upper {
     fn process(&mut self, input: &Input<'_>) -> Result<Vec<Output>, ProcessError> {
         let payload = String::from_utf8_lossy(input.payload.unwrap_or_default()).to_string();
         if self.fatal_on.as_deref() == Some(payload.as_str()) {
-            return Err(ProcessError::Fatal(format!(
+            return Err(ProcessError::fatal(format!(
                 "invariant broken by {payload}"
             )));
         }
         if payload.starts_with("poison") {
-            return Err(ProcessError::Poison(format!("cannot parse {payload:?}")));
+            return Err(ProcessError::poison(format!("cannot parse {payload:?}")));
         }
         if payload.starts_with("flaky") && !self.flaky_failed.swap(true, Ordering::SeqCst) {
             return Err(ProcessError::Retriable("registry unavailable".into()));

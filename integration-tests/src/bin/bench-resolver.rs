@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 use sluice_core::DependencySpec;
 use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
 use sluice_integration_tests::{create_topic, kafka, produce_all, raw_consume, rss_bytes, unique};
+use sluice_kit::changelog::MemoryChangelog;
 use sluice_kit::txn::{Input, Processor};
 use sluice_kit::wire::StateRecord;
 use sluice_kit::wire::WireSpec;
-use sluice_kit::{Codec, SchemaName};
-use sluice_resolver::resolve::{Resolve, Topics};
+use sluice_kit::{BlockingCodec, Codec, SchemaName};
+use sluice_resolver::resolve::{Changelogs, Resolve};
 use sluice_resolver::table::GlobalTable;
 
 fn key(i: usize) -> AssetKey {
@@ -55,18 +56,14 @@ struct Bench {
     resolver: Resolve,
     table: std::sync::Arc<GlobalTable>,
     offset: i64,
-    runtime: tokio::runtime::Handle,
-    codec: Codec,
+    codec: BlockingCodec,
 }
 
 impl Bench {
     fn add(&mut self, s: &DependencySpec) {
         let bytes = self
-            .runtime
-            .block_on(
-                self.codec
-                    .encode(SchemaName::DependencySpec, "deps", &WireSpec::from(s)),
-            )
+            .codec
+            .encode(SchemaName::DependencySpec, "deps", &WireSpec::from(s))
             .expect("encode");
         self.offset += 1;
         let input = Input {
@@ -127,13 +124,12 @@ fn main() {
         (rss_assets - rss0) / assets as u64
     );
     let resolver = Resolve::new(
-        Codec::new(None),
-        rt.handle().clone(),
-        Topics {
-            dependencies: "deps".into(),
-            progress: "progress".into(),
-            triggers: "triggers".into(),
+        BlockingCodec::new(None).expect("codec"),
+        Changelogs {
+            dependencies: Box::new(MemoryChangelog::new("deps")),
+            progress: Box::new(MemoryChangelog::new("progress")),
         },
+        "triggers".into(),
         table.clone(),
         sluice_resolver::lineage::Lineage::new(),
         rdkafka::ClientConfig::new(),
@@ -143,8 +139,7 @@ fn main() {
         resolver,
         table,
         offset: 0,
-        runtime: rt.handle().clone(),
-        codec: Codec::new(None),
+        codec: BlockingCodec::new(None).expect("codec"),
     };
     let mut seq = 1i64;
     let sample: Vec<AssetKey> = (0..2_000).map(key).collect();
@@ -210,8 +205,7 @@ fn restore(rt: &tokio::runtime::Runtime, records: usize) {
     let reader = table.spawn_reader(
         kafka().reader_config(&unique("table")),
         topic,
-        Codec::new(None),
-        rt.handle().clone(),
+        BlockingCodec::new(None).expect("codec"),
         stop.clone(),
         Duration::from_secs(30),
     );

@@ -15,12 +15,13 @@ use sluice_core::{AssetEvent, AssetKey, AssetState, EventSource, TableFormat};
 use sluice_integration_tests::{
     bootstrap, committed_total, produce_all, raw_consume, rss_bytes, unique,
 };
+use sluice_kit::changelog::KafkaChangelog;
 use sluice_kit::config::Env;
 use sluice_kit::kafka::KafkaOptions;
 use sluice_kit::topics::{self, Topic, TopicNames};
-use sluice_kit::{Codec, SchemaName, Shutdown};
+use sluice_kit::{BlockingCodec, Codec, SchemaName, Shutdown};
 use sluice_state_updater::fold::Entry;
-use sluice_state_updater::restore::Restorer;
+use sluice_state_updater::restore::restore;
 
 const PARTITIONS: i32 = 4;
 const T: Duration = Duration::from_secs(30);
@@ -121,19 +122,20 @@ async fn main() {
 
     // 4. Restore of asset-state beside its raw consume.
     let (state_records, raw_state_secs) = raw_consume(&state_topic, PARTITIONS);
-    let restorer = Restorer::new(
+    let changelog = KafkaChangelog::new(
         kafka.reader_config(&unique("restore")),
         state_topic.clone(),
-        T,
+        T * 10,
     );
     let all: BTreeSet<i32> = (0..PARTITIONS).collect();
-    let handle = tokio::runtime::Handle::current();
     let started = Instant::now();
-    let restored =
-        tokio::task::spawn_blocking(move || restorer.restore(&handle, &Codec::new(None), &all))
-            .await
-            .expect("join")
-            .expect("restore");
+    let restored = tokio::task::spawn_blocking(move || {
+        let codec = BlockingCodec::new(None).expect("codec");
+        restore(&changelog, &codec, &all)
+    })
+    .await
+    .expect("join")
+    .expect("restore");
     let restore_secs = started.elapsed().as_secs_f64();
     assert_eq!(
         restored.len() as u64,

@@ -9,7 +9,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice_core::{AssetEvent, AssetKey};
-use sluice_kit::{Codec, SchemaName};
+use sluice_kit::{BlockingCodec, SchemaName};
 
 /// Records read per step back from the end.
 const STEP: i64 = 5_000;
@@ -20,7 +20,7 @@ pub struct Commits {
     pub config: ClientConfig,
     pub topic: String,
     pub partitions: i32,
-    pub codec: Codec,
+    pub codec: BlockingCodec,
     pub timeout: Duration,
 }
 
@@ -33,12 +33,7 @@ pub struct Found {
 
 impl Commits {
     /// The newest `limit` events of `asset` (a blocking read).
-    pub fn newest(
-        &self,
-        asset: &AssetKey,
-        limit: usize,
-        runtime: &tokio::runtime::Handle,
-    ) -> Result<Found, String> {
+    pub fn newest(&self, asset: &AssetKey, limit: usize) -> Result<Found, String> {
         let partition =
             sluice_kit::kafka::partition_for(asset.as_str().as_bytes(), self.partitions);
         // The end of the partition is reported, so a read that ends on a
@@ -51,7 +46,7 @@ impl Commits {
         let mut end = high;
         while end > low && found.len() < limit && high - end < MAX_SCANNED {
             let start = (end - STEP).max(low);
-            let mut step = self.read_range(&consumer, partition, start, end, asset, runtime)?;
+            let mut step = self.read_range(&consumer, partition, start, end, asset)?;
             step.append(&mut found);
             found = step;
             end = start;
@@ -72,7 +67,6 @@ impl Commits {
         start: i64,
         end: i64,
         asset: &AssetKey,
-        runtime: &tokio::runtime::Handle,
     ) -> Result<Vec<AssetEvent>, String> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.topic, partition, Offset::Offset(start))
@@ -100,8 +94,8 @@ impl Commits {
                     // A record that does not decode was dead-lettered by the
                     // state-updater; it is not a commit of this asset.
                     if let Some(e) = msg.payload().and_then(|b| {
-                        runtime
-                            .block_on(self.codec.decode::<AssetEvent>(SchemaName::AssetEvent, b))
+                        self.codec
+                            .decode::<AssetEvent>(SchemaName::AssetEvent, b)
                             .ok()
                     }) {
                         out.push(e);

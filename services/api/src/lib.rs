@@ -24,7 +24,7 @@ use std::time::Duration;
 use sluice_kit::config::{Common, ConfigErrors, Env, Secret};
 use sluice_kit::grants::{GrantsMode, SharedGrants};
 use sluice_kit::service::{self, StartError};
-use sluice_kit::{Codec, Shutdown, Topic};
+use sluice_kit::{BlockingCodec, Codec, Shutdown, Topic};
 use sqlx::postgres::PgPoolOptions;
 
 pub const SERVICE: &str = "api";
@@ -118,6 +118,8 @@ pub enum Error {
     },
     #[error("a follower failed: {0}")]
     Follower(String),
+    #[error("codec: {0}")]
+    Codec(#[from] sluice_kit::CodecError),
 }
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
@@ -143,13 +145,12 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         .connect(options.database_url.expose())
         .await?;
     let client_id = format!("sluice-{SERVICE}-{}", c.instance);
-    let runtime = tokio::runtime::Handle::current();
+    let registry = c.schema_registry_url.as_deref();
     let grants = SharedGrants::new();
     let mut followers = vec![grants.spawn_follower(
         c.kafka.reader_config(&format!("{client_id}-grants")),
         c.topics.name(Topic::Grants),
-        Codec::new(c.schema_registry_url.as_deref()),
-        runtime.clone(),
+        BlockingCodec::new(registry)?,
         shutdown.flag(),
         c.kafka.request_timeout,
     )];
@@ -168,8 +169,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
                     config: c
                         .kafka
                         .reader_config(&format!("{client_id}-{}", topic.role())),
-                    codec: Codec::new(c.schema_registry_url.as_deref()),
-                    runtime: runtime.clone(),
+                    codec: BlockingCodec::new(registry)?,
                     stop: shutdown.flag(),
                     timeout: c.kafka.request_timeout,
                 },
@@ -189,7 +189,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
             config: c.kafka.reader_config(&format!("{client_id}-commits")),
             topic: c.topics.name(Topic::AssetEvents),
             partitions: c.topics.partitions,
-            codec: Codec::new(c.schema_registry_url.as_deref()),
+            codec: BlockingCodec::new(registry)?,
             timeout: c.kafka.request_timeout,
         }),
         max_page: options.max_page,

@@ -443,8 +443,7 @@ async fn asset_commits(
     let limit = q.limit(app.max_page, 20)?;
     let key = asset_key(&key)?;
     let commits = app.commits.clone();
-    let runtime = tokio::runtime::Handle::current();
-    let found = tokio::task::spawn_blocking(move || commits.newest(&key, limit, &runtime))
+    let found = tokio::task::spawn_blocking(move || commits.newest(&key, limit))
         .await
         .map_err(|e| unavailable(format!("reading the evidence log: {e}")))?
         .map_err(|e| unavailable(format!("reading the evidence log: {e}")))?;

@@ -15,7 +15,7 @@ use sluice_core::dependency::cycle_verdict;
 use sluice_core::{AssetKey, AssetState, DependencySpec, Progress};
 use sluice_kit::grants::SharedGrants;
 use sluice_kit::wire::{ProgressRecord, RunRecord, StateRecord, WireSpec};
-use sluice_kit::{Codec, SchemaName};
+use sluice_kit::{BlockingCodec, SchemaName};
 use tokio::sync::broadcast;
 
 /// Where a dependency record sits in the topic's append order (timestamp ms,
@@ -278,8 +278,7 @@ impl View {
 /// How a follower reads its topic.
 pub struct Follow {
     pub config: ClientConfig,
-    pub codec: Codec,
-    pub runtime: tokio::runtime::Handle,
+    pub codec: BlockingCodec,
     pub stop: Arc<AtomicBool>,
     pub timeout: Duration,
 }
@@ -335,8 +334,8 @@ impl View {
         match what {
             Followed::AssetState => {
                 let record = payload.and_then(|b| {
-                    f.runtime
-                        .block_on(f.codec.decode::<StateRecord>(SchemaName::AssetState, b))
+                    f.codec
+                        .decode::<StateRecord>(SchemaName::AssetState, b)
                         .ok()
                         .and_then(|r| r.into_state().ok())
                 });
@@ -351,8 +350,8 @@ impl View {
                     msg.offset(),
                 );
                 let spec = payload.map(|b| {
-                    f.runtime
-                        .block_on(f.codec.decode::<WireSpec>(SchemaName::DependencySpec, b))
+                    f.codec
+                        .decode::<WireSpec>(SchemaName::DependencySpec, b)
                         .map_err(|e| format!("the record does not decode: {e}"))
                         .and_then(|w| w.into_spec(key).map_err(|e| e.to_string()))
                 });
@@ -360,11 +359,8 @@ impl View {
             }
             Followed::ResolverProgress => {
                 let progress = payload.and_then(|b| {
-                    f.runtime
-                        .block_on(
-                            f.codec
-                                .decode::<ProgressRecord>(SchemaName::ResolverProgress, b),
-                        )
+                    f.codec
+                        .decode::<ProgressRecord>(SchemaName::ResolverProgress, b)
                         .ok()
                         .and_then(|r| r.into_progress().ok())
                 });
@@ -373,11 +369,9 @@ impl View {
                 }
             }
             Followed::Runs => {
-                if let Some(r) = payload.and_then(|b| {
-                    f.runtime
-                        .block_on(f.codec.decode::<RunRecord>(SchemaName::RunStatus, b))
-                        .ok()
-                }) {
+                if let Some(r) =
+                    payload.and_then(|b| f.codec.decode::<RunRecord>(SchemaName::RunStatus, b).ok())
+                {
                     self.publish(Event::Run {
                         trigger_key: r.trigger_key,
                         dependency_id: r.dependency_id,

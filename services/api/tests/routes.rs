@@ -99,7 +99,7 @@ fn app_with(view: Arc<View>) -> App {
             config: kafka.clone(),
             topic: "events".into(),
             partitions: 1,
-            codec: Codec::new(None),
+            codec: sluice_kit::BlockingCodec::new(None).expect("codec"),
             timeout: Duration::from_millis(300),
         }),
         max_page: 500,

@@ -510,3 +510,51 @@ impl Adapters {
         self.commands.send(&args, &env, &doc, job, timeout).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! How an HTTP answer to a send is read: the line between "nothing started"
+    //! (retried freely) and "may have started" (UNKNOWN, never resent blindly).
+    use super::*;
+    use reqwest::StatusCode;
+
+    fn outcome(status: u16, body: &str) -> Option<SendOutcome> {
+        by_status(StatusCode::from_u16(status).expect("status"), body)
+    }
+
+    #[test]
+    fn a_success_is_left_to_the_target_kind() {
+        for s in [200, 201, 202, 204] {
+            assert_eq!(outcome(s, ""), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn a_client_error_is_a_refusal_that_proves_nothing_started() {
+        for s in [400, 401, 403, 404, 409, 422] {
+            assert!(
+                matches!(outcome(s, "no"), Some(SendOutcome::Refused { reason }) if reason.contains(&s.to_string())),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_error_or_a_timeout_may_have_started_the_run() {
+        for s in [408, 500, 502, 503, 504] {
+            assert!(
+                matches!(outcome(s, ""), Some(SendOutcome::Unknown { .. })),
+                "{s}: a resend could start a second run"
+            );
+        }
+    }
+
+    #[test]
+    fn the_reason_quotes_a_bounded_prefix_of_the_body() {
+        let body = "x".repeat(10_000);
+        let Some(SendOutcome::Refused { reason }) = outcome(400, &body) else {
+            panic!("a refusal");
+        };
+        assert!(reason.len() < 400, "{} bytes", reason.len());
+    }
+}

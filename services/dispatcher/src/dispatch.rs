@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_kit::Shutdown;
+use sluice_kit::backoff::Backoff;
 use sluice_kit::clock::now_ms;
 use sqlx::PgPool;
 use tokio::task::JoinSet;
@@ -16,11 +17,13 @@ use crate::metrics as m;
 use crate::store::{self, ClaimLimits, Claimed, Expect};
 use crate::targets::{Kind, Target, Targets};
 
-/// Test-only fault injection (`SLUICE_DISPATCHER_FAULT=abort_after_mark_running`):
-/// the process dies like a kill -9 between markRunning and the send.
+/// Test-only fault injection (`SLUICE_DISPATCHER_FAULT=abort_after_mark_running`,
+/// in a build with the `fault-injection` feature): the process dies like a
+/// kill -9 between markRunning and the send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     None,
+    #[cfg(feature = "fault-injection")]
     AbortAfterMarkRunning,
 }
 
@@ -108,6 +111,7 @@ impl Dispatcher {
                 &self.instance,
             )
             .await?;
+            #[cfg(feature = "fault-injection")]
             if !claimed.is_empty() && self.fault == Fault::AbortAfterMarkRunning {
                 tracing::error!(
                     jobs = claimed.len(),
@@ -180,7 +184,7 @@ impl Dispatcher {
     /// Applies a transition, retrying while PostgreSQL is away; a lost
     /// compare-and-set means another path (a sweep, a peer) settled the job first.
     async fn apply(&self, from: &Expect<'_>, t: &Transition, target: &Target) {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         for _ in 0..20 {
             match store::transition(&self.pool, from, t, target.timing.run_timeout, self.epoch)
                 .await
@@ -193,8 +197,7 @@ impl Dispatcher {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, trigger_key = from.trigger_key, "recording a transition failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    tokio::time::sleep(backoff.next_wait()).await;
                 }
             }
         }

@@ -16,6 +16,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
+use sluice_kit::backoff::Backoff;
 use sluice_kit::wire::TriggerRecord;
 use sluice_kit::{Codec, SchemaName, Shutdown};
 use sqlx::PgPool;
@@ -94,14 +95,14 @@ impl Intake {
                 Ended::ConsumerDead(e) => {
                     metrics::counter!(sluice_kit::metrics::CONSUMERS_REBUILT_TOTAL).increment(1);
                     tracing::warn!(error = %e, "triggers consumer failed fatally; building a new one (it resumes at the committed offsets)");
-                    let mut delay = Duration::from_millis(200);
+                    let mut backoff =
+                        Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
                     self.consumer = loop {
                         match (self.new_consumer)() {
                             Ok(c) => break c,
                             Err(e) if !shutdown.is_stopping() => {
                                 tracing::warn!(error = %e, "triggers consumer not built; retrying");
-                                tokio::time::sleep(delay).await;
-                                delay = (delay * 2).min(Duration::from_secs(5));
+                                tokio::time::sleep(backoff.next_wait()).await;
                             }
                             Err(_) => return Ok(()),
                         }
@@ -168,7 +169,7 @@ impl Intake {
                 }
             }
         }
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             match store::record_triggers(&self.pool, &rows).await {
                 Ok(new) => {
@@ -179,9 +180,9 @@ impl Intake {
                 }
                 Err(e) if !shutdown.is_stopping() => {
                     // PostgreSQL down: hold the batch (offsets stay uncommitted) and retry.
-                    tracing::warn!(error = %e, retry_ms = delay.as_millis() as u64, "recording triggers failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    let wait = backoff.next_wait();
+                    tracing::warn!(error = %e, retry_ms = wait.as_millis() as u64, "recording triggers failed; retrying");
+                    tokio::time::sleep(wait).await;
                 }
                 Err(_) => return false,
             }

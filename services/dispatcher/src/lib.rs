@@ -23,9 +23,10 @@ use std::time::Duration;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::FutureProducer;
 use sluice_kit::Codec;
+use sluice_kit::backoff::Backoff;
 
 use sluice_kit::config::{Common, ConfigErrors, Env, Secret};
-use sluice_kit::service::{self, StartError};
+use sluice_kit::service::{self, StartError, Supervisor, TaskError};
 use sluice_kit::{Shutdown, Topic};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
@@ -90,7 +91,17 @@ impl Options {
         let batch_wait = env.millis("SLUICE_INTAKE_BATCH_WAIT_MS", Duration::from_millis(20));
         let fault = match env.optional("SLUICE_DISPATCHER_FAULT").as_deref() {
             None | Some("") => dispatch::Fault::None,
+            #[cfg(feature = "fault-injection")]
             Some("abort_after_mark_running") => dispatch::Fault::AbortAfterMarkRunning,
+            #[cfg(not(feature = "fault-injection"))]
+            Some(_) => {
+                env.problem(
+                    "SLUICE_DISPATCHER_FAULT is for tests: this build has no fault injection \
+                     (the dispatcher's fault-injection feature)",
+                );
+                dispatch::Fault::None
+            }
+            #[cfg(feature = "fault-injection")]
             Some(other) => {
                 env.problem(format!(
                     "SLUICE_DISPATCHER_FAULT {other:?}: the only fault is abort_after_mark_running (tests)"
@@ -150,8 +161,8 @@ pub enum Error {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("{0}")]
-    Loop(String),
+    #[error(transparent)]
+    Loop(#[from] TaskError),
     #[error("http client: {0}")]
     Http(#[from] reqwest::Error),
 }
@@ -163,7 +174,7 @@ pub async fn connect(options: &Options, shutdown: &Shutdown) -> Result<PgPool, E
         .expose()
         .parse::<PgConnectOptions>()?
         .log_statements(tracing::log::LevelFilter::Trace);
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     let pool = loop {
         match PgPoolOptions::new()
             .max_connections(options.max_connections)
@@ -173,9 +184,9 @@ pub async fn connect(options: &Options, shutdown: &Shutdown) -> Result<PgPool, E
         {
             Ok(pool) => break pool,
             Err(e) if !shutdown.is_stopping() => {
-                tracing::warn!(error = %e, retry_ms = delay.as_millis() as u64, "postgresql not reachable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_ms = wait.as_millis() as u64, "postgresql not reachable; retrying");
+                tokio::time::sleep(wait).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -254,44 +265,16 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         topic: c.topics.name(Topic::Runs),
         every: Duration::from_millis(100),
     };
-    let health = started.health.clone();
-    health.set_ready(true);
+    started.health.set_ready(true);
     tracing::info!(service = SERVICE, admin = %started.admin_addr, "ready");
-    let beat = tokio::spawn({
-        let health = health.clone();
-        async move {
-            loop {
-                health.beat();
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    });
-    let mut loops = tokio::task::JoinSet::new();
-    loops.spawn(intake.run(shutdown.clone()));
-    loops.spawn(dispatcher.run(shutdown.clone()));
-    loops.spawn(publisher.run(shutdown.clone()));
     // The loops end only together: one that ended on its own (an error, a panic)
     // stops the others, so the process exits instead of living on half-dead.
-    let mut outcome = Ok(());
-    while let Some(ended) = loops.join_next().await {
-        if !shutdown.is_stopping() {
-            tracing::error!("a dispatcher loop ended on its own; stopping the service");
-            shutdown.trigger();
-            if outcome.is_ok() {
-                outcome = Err(Error::Loop("a dispatcher loop ended on its own".into()));
-            }
-        }
-        if let Err(e) = ended
-            .map_err(|e| Error::Loop(e.to_string()))
-            .and_then(|r| r.map_err(Error::Loop))
-        {
-            tracing::error!(error = %e, "dispatcher loop failed");
-            outcome = Err(e);
-        }
-    }
-    beat.abort();
-    health.set_stopping();
-    let _ = started.admin_task.await;
+    let mut supervisor = Supervisor::new(&shutdown);
+    supervisor.heartbeat(&started.health);
+    supervisor.spawn("intake", intake.run(shutdown.clone()));
+    supervisor.spawn("dispatch", dispatcher.run(shutdown.clone()));
+    supervisor.spawn("run publisher", publisher.run(shutdown.clone()));
+    let outcome = supervisor.run(started).await.map_err(Error::from);
     pool.close().await;
     outcome
 }

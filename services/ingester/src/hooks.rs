@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use sluice_core::{AssetEvent, AssetKey, EventKind, EventSource};
 use sluice_kit::codec::CONFLUENT_MAGIC;
 use sluice_kit::txn::{Input, Output, ProcessError, Processor};
-use sluice_kit::{Codec, ForeignAvro, SchemaName};
+use sluice_kit::{BlockingCodec, CodecError, ForeignAvro, SchemaName};
 
 use crate::metrics as m;
 use crate::normalize::{self, CommitNotice, HudiKey, Invalid};
@@ -262,19 +262,16 @@ pub struct Hooks {
     hudi_keys: BTreeMap<String, HudiKey>,
     /// Writer-schema readers of the debezium topics that have a registry.
     cdc_avro: BTreeMap<String, ForeignAvro>,
-    codec: Codec,
-    runtime: tokio::runtime::Handle,
+    codec: BlockingCodec,
     events_topic: String,
 }
 
 impl Hooks {
     pub fn new(
         topics: Vec<HookTopic>,
-        codec: Codec,
         registry_url: Option<&str>,
-        runtime: tokio::runtime::Handle,
         events_topic: String,
-    ) -> Hooks {
+    ) -> Result<Hooks, CodecError> {
         let hudi_keys = topics
             .iter()
             .filter_map(|t| {
@@ -291,25 +288,24 @@ impl Hooks {
             .filter(|t| t.format == HookFormat::Debezium)
             .filter_map(|t| {
                 let url = t.schema_registry.as_deref().or(registry_url)?;
-                Some((t.topic.clone(), ForeignAvro::new(url)))
+                Some(ForeignAvro::new(url).map(|r| (t.topic.clone(), r)))
             })
-            .collect();
-        Hooks {
+            .collect::<Result<_, _>>()?;
+        Ok(Hooks {
             hudi_keys,
             cdc_avro,
             topics: topics.into_iter().map(|t| (t.topic.clone(), t)).collect(),
-            codec,
-            runtime,
+            codec: BlockingCodec::new(registry_url)?,
             events_topic,
-        }
+        })
     }
 
     fn events(&self, hook: &HookTopic, input: &Input<'_>) -> Result<Vec<AssetEvent>, ProcessError> {
-        let poison = |e: Invalid| ProcessError::Poison(e.0);
+        let poison = |e: Invalid| ProcessError::poison(e.0);
         let payload = || {
             input
                 .payload
-                .ok_or_else(|| ProcessError::Poison("a commit hook record without a value".into()))
+                .ok_or_else(|| ProcessError::poison("a commit hook record without a value"))
         };
         match hook.format {
             HookFormat::Json => {
@@ -317,7 +313,7 @@ impl Hooks {
             }
             HookFormat::Hudi => {
                 let key = self.hudi_keys.get(input.topic).ok_or_else(|| {
-                    ProcessError::Fatal(format!("hudi hook topic {} without a key", input.topic))
+                    ProcessError::fatal(format!("hudi hook topic {} without a key", input.topic))
                 })?;
                 normalize::hudi_from_json(payload()?, key, EventSource::KafkaHook)
                     .map(|e| vec![e])
@@ -325,11 +321,11 @@ impl Hooks {
             }
             HookFormat::Avro => {
                 let event: AssetEvent = self
-                    .runtime
-                    .block_on(self.codec.decode(SchemaName::AssetEvent, payload()?))
+                    .codec
+                    .decode(SchemaName::AssetEvent, payload()?)
                     .map_err(|e| ProcessError::undecodable(&e))?;
                 if !event.id_is_consistent() {
-                    return Err(ProcessError::Poison(format!(
+                    return Err(ProcessError::poison(format!(
                         "event_id {} is not the id derived from its fields",
                         event.event_id
                     )));
@@ -341,16 +337,15 @@ impl Hooks {
                 let change = match input.payload {
                     Some([CONFLUENT_MAGIC, ..]) => {
                         let reader = self.cdc_avro.get(input.topic).ok_or_else(|| {
-                            ProcessError::Poison(format!(
+                            ProcessError::poison(format!(
                                 "a Confluent-framed Avro change event, but topic {} has no \
                                  schema_registry (nor SLUICE_SCHEMA_REGISTRY_URL) to read its \
                                  writer schema from",
                                 input.topic
                             ))
                         })?;
-                        let envelope = self
-                            .runtime
-                            .block_on(reader.read_json(payload()?))
+                        let envelope = reader
+                            .read_json(payload()?)
                             .map_err(|e| ProcessError::undecodable(&e))?;
                         debezium_envelope(&envelope, map)
                     }
@@ -368,7 +363,7 @@ impl Hooks {
 impl Processor for Hooks {
     fn process(&mut self, input: &Input<'_>) -> Result<Vec<Output>, ProcessError> {
         let hook = self.topics.get(input.topic).ok_or_else(|| {
-            ProcessError::Fatal(format!("record of unconfigured topic {}", input.topic))
+            ProcessError::fatal(format!("record of unconfigured topic {}", input.topic))
         })?;
         let events = self.events(hook, input)?;
         metrics::counter!(m::HOOK_EVENTS_TOTAL, "topic" => input.topic.to_owned())
@@ -377,25 +372,14 @@ impl Processor for Hooks {
             .iter()
             .map(|e| {
                 let bytes = self
-                    .runtime
-                    .block_on(
-                        self.codec
-                            .encode(SchemaName::AssetEvent, &self.events_topic, e),
-                    )
-                    .map_err(|err| {
-                        if err.is_retriable() {
-                            ProcessError::Retriable(err.to_string())
-                        } else {
-                            ProcessError::Fatal(err.to_string())
-                        }
-                    })?;
-                Ok(Output {
-                    topic: self.events_topic.clone(),
-                    partition: None,
-                    key: e.asset_key.as_str().as_bytes().to_vec(),
-                    payload: Some(bytes),
-                    headers: Vec::new(),
-                })
+                    .codec
+                    .encode(SchemaName::AssetEvent, &self.events_topic, e)
+                    .map_err(|err| ProcessError::unencodable("an asset event", &err))?;
+                Ok(Output::keyed(
+                    &self.events_topic,
+                    e.asset_key.as_str(),
+                    bytes,
+                ))
             })
             .collect()
     }

@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use rdkafka::producer::FutureProducer;
 use sluice_kit::config::{Common, ConfigErrors, Env};
-use sluice_kit::service::{self, StartError};
-use sluice_kit::txn::{self, TxnLoop};
-use sluice_kit::{Codec, Shutdown, Topic};
+use sluice_kit::service::{self, StartError, Supervisor, TaskError};
+use sluice_kit::txn;
+use sluice_kit::{BlockingCodec, Codec, Shutdown, Topic};
 
 pub const SERVICE: &str = "ingester";
 
@@ -46,6 +46,8 @@ pub struct Options {
     pub hook_topics: Vec<hooks::HookTopic>,
     pub tables: Vec<poll::Table>,
     pub group_id: String,
+    /// The hook loop's transactions.
+    pub batch: txn::Batch,
 }
 
 impl Options {
@@ -104,7 +106,9 @@ impl Options {
             "SLUICE_INGESTER_GROUP",
             &format!("{}{SERVICE}", common.topics.prefix),
         );
+        let batch = txn::Batch::read(&mut env, 1_000);
         env.finish(Options {
+            batch,
             common,
             http_addr,
             tokens,
@@ -124,28 +128,29 @@ pub enum Error {
     Start(#[from] StartError),
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("codec: {0}")]
+    Codec(#[from] sluice_kit::CodecError),
     #[error("http listener: {0}")]
     Listen(std::io::Error),
-    #[error("{0}")]
-    Task(String),
+    #[error(transparent)]
+    Task(#[from] TaskError),
 }
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     metrics::describe();
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
     let c = &options.common;
-    let client_id = format!("sluice-{SERVICE}-{}", c.instance);
     let events_topic = c.topics.name(Topic::AssetEvents);
-    let registry = c.schema_registry_url.clone();
-    let codec = || Codec::new(registry.as_deref());
-    let mut producer_config = c.kafka.producer_config(&client_id);
+    let registry = c.schema_registry_url.as_deref();
+    let mut producer_config = c.kafka.producer_config(&c.client_id(""));
     producer_config.set(
         "message.timeout.ms",
         options.ack_timeout.as_millis().to_string(),
     );
     let producer: FutureProducer = producer_config.create()?;
-    let sink = sink::Sink::new(producer, codec(), events_topic.clone());
-    let mut tasks = tokio::task::JoinSet::new();
+    let sink = sink::Sink::new(producer, Codec::new(registry), events_topic.clone());
+    let mut supervisor = Supervisor::new(&shutdown);
+    supervisor.heartbeat(&started.health);
 
     if let Some(addr) = options.http_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -159,82 +164,59 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
             max_batch: options.max_batch,
         }));
         let stop = shutdown.clone();
-        tasks.spawn(async move {
+        supervisor.spawn("http push", async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move { stop.wait_stopped().await })
                 .await
-                .map_err(|e| format!("http: {e}"))
         });
     }
 
     if !options.hook_topics.is_empty() {
-        let loop_options = txn::Options {
-            group_id: options.group_id.clone(),
-            input_topics: options
-                .hook_topics
-                .iter()
-                .map(|t| t.topic.clone())
-                .collect(),
-            dead_letter_topic: c.topics.name(Topic::DeadLetter),
-            max_records: 1_000,
-            max_batch_time: Duration::from_millis(100),
-            request_timeout: c.kafka.request_timeout,
-            retry_backoff: Duration::from_millis(200),
-        };
-        let processor = hooks::Hooks::new(
-            options.hook_topics.clone(),
-            codec(),
-            registry.as_deref(),
-            tokio::runtime::Handle::current(),
-            events_topic.clone(),
+        let processor =
+            hooks::Hooks::new(options.hook_topics.clone(), registry, events_topic.clone())?;
+        txn::spawn(
+            &mut supervisor,
+            c,
+            &started.health,
+            shutdown.flag(),
+            txn::LoopSpec {
+                task: "hook loop",
+                group_id: options.group_id.clone(),
+                input_topics: options
+                    .hook_topics
+                    .iter()
+                    .map(|t| t.topic.clone())
+                    .collect(),
+                batch: options.batch,
+            },
+            processor,
         );
-        let consumer = c.kafka.consumer_config(&client_id, &options.group_id);
-        let producer = c.kafka.transactional_producer_config(
-            &client_id,
-            &format!("{}{SERVICE}-{}", c.topics.prefix, c.instance),
-        );
-        let (health, stop) = (started.health.clone(), shutdown.flag());
-        tasks.spawn(async move {
-            tokio::task::spawn_blocking(move || {
-                TxnLoop::new(&consumer, &producer, processor, loop_options, health, stop)
-                    .and_then(|l| l.run().map(|_| ()))
-                    .map_err(|e| format!("hook loop: {e}"))
-            })
-            .await
-            .map_err(|e| e.to_string())?
-        });
     }
 
     if !options.tables.is_empty() {
         let known = Arc::new(poll::Known::default());
         let wanted: Vec<_> = options.tables.iter().map(|t| t.asset.clone()).collect();
         let (reader, topic) = (
-            c.kafka.reader_config(&format!("{client_id}-positions")),
+            c.kafka.reader_config(&c.client_id("positions")),
             c.topics.name(Topic::AssetState),
         );
-        let (k, codec2, stop, rt) = (
+        let (k, codec, stop) = (
             known.clone(),
-            codec(),
+            BlockingCodec::new(registry)?,
             shutdown.flag(),
-            tokio::runtime::Handle::current(),
         );
-        tasks.spawn(async move {
-            tokio::task::spawn_blocking(move || {
-                k.follow(reader, &topic, &wanted, &codec2, &rt, &stop)
-            })
-            .await
-            .map_err(|e| e.to_string())?
+        supervisor.spawn_blocking("poll positions", move || {
+            k.follow(reader, &topic, &wanted, &codec, &stop)
         });
         let poller = poll::Poller {
             tables: options.tables.clone(),
             known,
             sink: sink.clone(),
         };
-        tasks.spawn(poller.run(shutdown.clone()));
+        supervisor.spawn("poller", poller.run(shutdown.clone()));
     }
 
-    let health = started.health.clone();
-    health.set_ready(true);
+    started.health.set_ready(true);
     tracing::info!(
         service = SERVICE,
         admin = %started.admin_addr,
@@ -243,28 +225,5 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         polled_tables = options.tables.len(),
         "ready"
     );
-    let beat = tokio::spawn(async move {
-        loop {
-            health.beat();
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
-    let mut failure = None;
-    tokio::select! {
-        _ = shutdown.clone().wait_stopped() => {}
-        Some(done) = tasks.join_next() => {
-            // A part ended on its own: stop the rest (a failed part is an error).
-            if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) { failure = Some(e) }
-            shutdown.trigger();
-        }
-    }
-    while let Some(done) = tasks.join_next().await {
-        if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) {
-            failure.get_or_insert(e);
-        }
-    }
-    beat.abort();
-    started.health.set_stopping();
-    let _ = started.admin_task.await;
-    failure.map_or(Ok(()), |e| Err(Error::Task(e)))
+    Ok(supervisor.run(started).await?)
 }

@@ -1,14 +1,150 @@
 //! Reading compacted changelog partitions to their end: state restore on
 //! assignment (state-updater, resolver) is the same loop with another decoder.
+//!
+//! A restore reads through the [`Changelog`] trait: [`KafkaChangelog`] in a
+//! service, [`MemoryChangelog`] in a unit test, so a processor's restore and its
+//! commit / abort bookkeeping are tested without a broker.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::BorrowedMessage;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// One record of a changelog as a restore sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    /// `None`: a tombstone.
+    pub payload: Option<&'a [u8]>,
+}
+
+impl Record<'_> {
+    /// Where the record is, for an error message: `topic partition@offset`.
+    pub fn at(&self, topic: &str) -> String {
+        format!("{topic} {}@{}", self.partition, self.offset)
+    }
+}
+
+/// A compacted topic a processor restores its state from.
+pub trait Changelog: Send {
+    fn topic(&self) -> &str;
+    /// Hands every record of `partitions`, from the beginning to the current end,
+    /// to `on_record`; the number of records read.
+    fn read_to_end(
+        &self,
+        partitions: &BTreeSet<i32>,
+        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), String>,
+    ) -> Result<u64, String>;
+}
+
+/// A changelog topic on the broker.
+pub struct KafkaChangelog {
+    config: ClientConfig,
+    topic: String,
+    deadline: Duration,
+}
+
+impl KafkaChangelog {
+    /// `deadline`: how long a restore may take before it fails (and is retried).
+    pub fn new(config: ClientConfig, topic: String, deadline: Duration) -> Self {
+        KafkaChangelog {
+            config,
+            topic,
+            deadline,
+        }
+    }
+}
+
+impl Changelog for KafkaChangelog {
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    fn read_to_end(
+        &self,
+        partitions: &BTreeSet<i32>,
+        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), String>,
+    ) -> Result<u64, String> {
+        read_to_end(
+            &self.config,
+            &self.topic,
+            partitions,
+            self.deadline,
+            |msg| {
+                on_record(Record {
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                    key: msg.key(),
+                    payload: msg.payload(),
+                })
+            },
+        )
+    }
+}
+
+/// partition, key, value (`None`: a tombstone).
+type MemoryRecord = (i32, Vec<u8>, Option<Vec<u8>>);
+
+/// An in-memory changelog for unit tests: records appended by the test (or by the
+/// processor's committed outputs) and read back in order, partition by partition.
+#[derive(Clone, Default)]
+pub struct MemoryChangelog {
+    topic: String,
+    records: Arc<Mutex<Vec<MemoryRecord>>>,
+}
+
+impl MemoryChangelog {
+    pub fn new(topic: &str) -> Self {
+        MemoryChangelog {
+            topic: topic.to_owned(),
+            records: Arc::default(),
+        }
+    }
+
+    pub fn append(&self, partition: i32, key: &[u8], payload: Option<&[u8]>) {
+        if let Ok(mut r) = self.records.lock() {
+            r.push((partition, key.to_vec(), payload.map(<[u8]>::to_vec)));
+        }
+    }
+}
+
+impl Changelog for MemoryChangelog {
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    fn read_to_end(
+        &self,
+        partitions: &BTreeSet<i32>,
+        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), String>,
+    ) -> Result<u64, String> {
+        let records = self
+            .records
+            .lock()
+            .map_err(|_| "memory changelog poisoned".to_owned())?
+            .clone();
+        let mut read = 0;
+        for (offset, (partition, key, payload)) in records.iter().enumerate() {
+            if partitions.contains(partition) {
+                read += 1;
+                on_record(Record {
+                    partition: *partition,
+                    offset: offset as i64,
+                    key: Some(key),
+                    payload: payload.as_deref(),
+                })?;
+            }
+        }
+        Ok(read)
+    }
+}
 
 /// Reads `partitions` of `topic` from the beginning to their end (the last stable
 /// offset under `read_committed`), handing each record to `on_record`. The read

@@ -167,31 +167,111 @@ impl Codec {
     }
 }
 
+/// The codec for blocking code — the transactional loop's processors and the
+/// changelog readers, which run on threads of their own. Single-object encoding is
+/// plain computation; a registry fetch runs on the async runtime the codec was made
+/// on (or on a small runtime of its own when made outside one), so no processor
+/// carries a runtime handle.
+pub enum BlockingCodec {
+    SingleObject,
+    Registry { codec: Codec, runtime: Driver },
+}
+
+/// Where a registry fetch runs.
+pub enum Driver {
+    Shared(tokio::runtime::Handle),
+    Own(tokio::runtime::Runtime),
+}
+
+impl BlockingCodec {
+    pub fn new(registry_url: Option<&str>) -> Result<BlockingCodec, CodecError> {
+        let codec = Codec::new(registry_url);
+        if let Codec::SingleObject = codec {
+            return Ok(BlockingCodec::SingleObject);
+        }
+        Ok(BlockingCodec::Registry {
+            codec,
+            runtime: Driver::here()?,
+        })
+    }
+
+    pub fn encode<T: Serialize>(
+        &self,
+        name: SchemaName,
+        topic: &str,
+        value: &T,
+    ) -> Result<Vec<u8>, CodecError> {
+        match self {
+            BlockingCodec::SingleObject => encode_single_object(name, value),
+            BlockingCodec::Registry { codec, runtime } => {
+                runtime.wait(codec.encode(name, topic, value))
+            }
+        }
+    }
+
+    pub fn decode<T: DeserializeOwned>(
+        &self,
+        name: SchemaName,
+        bytes: &[u8],
+    ) -> Result<T, CodecError> {
+        match self {
+            BlockingCodec::SingleObject => decode_single_object(name, bytes),
+            BlockingCodec::Registry { codec, runtime } => runtime.wait(codec.decode(name, bytes)),
+        }
+    }
+}
+
+impl Driver {
+    /// The async runtime this is called on, or a small one of its own outside one.
+    fn here() -> Result<Driver, CodecError> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => Ok(Driver::Shared(handle)),
+            Err(_) => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(Driver::Own)
+                .map_err(|e| CodecError::Registry {
+                    message: format!("cannot start the registry client's runtime: {e}"),
+                    retriable: false,
+                }),
+        }
+    }
+
+    fn wait<F: std::future::Future>(&self, f: F) -> F::Output {
+        match self {
+            Driver::Shared(h) => h.block_on(f),
+            Driver::Own(rt) => rt.block_on(f),
+        }
+    }
+}
+
 /// Reads Confluent-framed Avro whose schema Sluice does not own (a Debezium change
 /// event): the writer schema comes from the registry by the id in the frame, and the
-/// value is returned as written, for the caller to interpret.
+/// value is returned as written, for the caller to interpret. Blocking, like
+/// [`BlockingCodec`]: it is read on the transactional loop's thread.
 pub struct ForeignAvro {
     decoder: AvroDecoder,
+    runtime: Driver,
 }
 
 impl ForeignAvro {
-    pub fn new(registry_url: &str) -> ForeignAvro {
+    pub fn new(registry_url: &str) -> Result<ForeignAvro, CodecError> {
         limit_allocations();
-        ForeignAvro {
+        Ok(ForeignAvro {
             decoder: AvroDecoder::new(registry_settings(registry_url)),
-        }
+            runtime: Driver::here()?,
+        })
     }
 
     /// The datum under its writer schema, as JSON: unions unwrap to their branch,
     /// records become objects, int/long numbers (the shape of Kafka Connect's JSON
     /// converter payload). An unreachable registry is retriable; an unknown id or
     /// bytes that do not fit the schema are not.
-    pub async fn read_json(&self, bytes: &[u8]) -> Result<serde_json::Value, CodecError> {
+    pub fn read_json(&self, bytes: &[u8]) -> Result<serde_json::Value, CodecError> {
         check_confluent_header(bytes)?;
         let decoded = self
-            .decoder
-            .decode(Some(bytes))
-            .await
+            .runtime
+            .wait(self.decoder.decode(Some(bytes)))
             .map_err(registry_error)?;
         serde_json::Value::try_from(decoded.value).map_err(|e| CodecError::Datum {
             schema: "writer schema",

@@ -284,6 +284,16 @@ pub struct Common {
 }
 
 impl Common {
+    /// The Kafka client id of one of this instance's clients:
+    /// `sluice-<service>-<instance>[-<part>]`.
+    pub fn client_id(&self, part: &str) -> String {
+        if part.is_empty() {
+            format!("sluice-{}-{}", self.service, self.instance)
+        } else {
+            format!("sluice-{}-{}-{part}", self.service, self.instance)
+        }
+    }
+
     pub fn read(env: &mut Env, service: &'static str, default_admin: &str) -> Common {
         let instance = env.string("SLUICE_INSTANCE", "0");
         if instance.is_empty()

@@ -12,7 +12,7 @@ use sluice_core::DependencySpec;
 use sluice_core::grants::{GrantError, Grants};
 
 use crate::wire::WireGrant;
-use crate::{Codec, SchemaName};
+use crate::{BlockingCodec, SchemaName};
 
 /// `SLUICE_GRANTS`: whether grants are enforced. Off by default, so a deployment
 /// without grants keeps working; `enforce` refuses what no grant allows.
@@ -120,8 +120,7 @@ impl SharedGrants {
         self: &Arc<Self>,
         config: ClientConfig,
         topic: String,
-        codec: Codec,
-        runtime: tokio::runtime::Handle,
+        codec: BlockingCodec,
         stop: Arc<AtomicBool>,
         timeout: Duration,
     ) -> std::thread::JoinHandle<()> {
@@ -140,8 +139,8 @@ impl SharedGrants {
                             return;
                         };
                         let grant = msg.payload().map(|b| {
-                            runtime
-                                .block_on(codec.decode::<WireGrant>(SchemaName::Grant, b))
+                            codec
+                                .decode::<WireGrant>(SchemaName::Grant, b)
                                 .map_err(|e| e.to_string())
                                 .and_then(|w| w.into_grant(key).map_err(|e| e.to_string()))
                         });

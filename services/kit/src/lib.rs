@@ -2,6 +2,7 @@
 //! this crate is where it meets Kafka, HTTP and the process.
 
 pub mod admin;
+pub mod backoff;
 pub mod changelog;
 pub mod clock;
 pub mod codec;
@@ -19,7 +20,7 @@ pub mod topics;
 pub mod txn;
 pub mod wire;
 
-pub use codec::{Codec, CodecError, ForeignAvro};
+pub use codec::{BlockingCodec, Codec, CodecError, ForeignAvro};
 pub use health::Health;
 pub use schemas::SchemaName;
 pub use shutdown::Shutdown;

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::backoff::Backoff;
 use crate::config::{Common, ConfigErrors};
 use crate::health::Health;
 use crate::shutdown::Shutdown;
@@ -116,7 +117,7 @@ pub async fn start(
         "sluice-{}-{}-admin",
         common.service, common.instance
     ))?;
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
         match topics::bootstrap(
             &admin,
@@ -129,9 +130,9 @@ pub async fn start(
             Ok(()) => break,
             Err(e @ topics::BootstrapError::NotCompacted { .. }) => return Err(e.into()),
             Err(e) if !shutdown.is_stopping() => {
-                tracing::warn!(error = %e, retry_ms = delay.as_millis() as u64, "topic bootstrap failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_ms = wait.as_millis() as u64, "topic bootstrap failed; retrying");
+                tokio::time::sleep(wait).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -141,4 +142,123 @@ pub async fn start(
         admin_addr,
         admin_task,
     })
+}
+
+/// Why a supervised task ended the service.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("{task}: {source}")]
+    Failed {
+        task: &'static str,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{task} panicked: {message}")]
+    Panicked { task: &'static str, message: String },
+    #[error("{task} ended on its own")]
+    Ended { task: &'static str },
+}
+
+/// The tasks of one service, which live and end together: when one ends on its
+/// own — an error, a panic, or just returning — the others are told to stop, so
+/// the process exits instead of living on half-dead. The first failure is the
+/// service's result.
+pub struct Supervisor {
+    tasks: tokio::task::JoinSet<Result<(), Box<dyn std::error::Error + Send + Sync>>>,
+    names: std::collections::HashMap<tokio::task::Id, &'static str>,
+    shutdown: Shutdown,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Supervisor {
+    pub fn new(shutdown: &Shutdown) -> Self {
+        Supervisor {
+            tasks: tokio::task::JoinSet::new(),
+            names: std::collections::HashMap::new(),
+            shutdown: shutdown.clone(),
+            heartbeat: None,
+        }
+    }
+
+    /// Beats `health` every second while the service runs, for parts that have no
+    /// loop of their own to beat it (an HTTP server, a poller).
+    pub fn heartbeat(&mut self, health: &Health) {
+        let health = health.clone();
+        self.heartbeat = Some(tokio::spawn(async move {
+            loop {
+                health.beat();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }));
+    }
+
+    pub fn spawn<F, E>(&mut self, task: &'static str, work: F)
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let handle = self
+            .tasks
+            .spawn(async move { work.await.map_err(Into::into) });
+        self.names.insert(handle.id(), task);
+    }
+
+    /// A blocking part (a transactional loop, a changelog follower) on a thread of its own.
+    pub fn spawn_blocking<F, E>(&mut self, task: &'static str, work: F)
+    where
+        F: FnOnce() -> Result<(), E> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let handle = self
+            .tasks
+            .spawn_blocking(move || work().map_err(Into::into));
+        self.names.insert(handle.id(), task);
+    }
+
+    /// Waits until shutdown or until one task ends; stops and joins the rest, then
+    /// marks the service stopping and waits for its admin server.
+    pub async fn run(mut self, started: Started) -> Result<(), TaskError> {
+        let mut outcome = Ok(());
+        while let Some(ended) = self.tasks.join_next_with_id().await {
+            let name = |id| self.names.get(&id).copied().unwrap_or("a task");
+            let error = match ended {
+                Ok((_, Ok(()))) if self.shutdown.is_stopping() => None,
+                Ok((id, Ok(()))) => Some(TaskError::Ended { task: name(id) }),
+                Ok((id, Err(source))) => Some(TaskError::Failed {
+                    task: name(id),
+                    source,
+                }),
+                Err(join) => Some(TaskError::Panicked {
+                    task: name(join.id()),
+                    message: panic_message(join),
+                }),
+            };
+            if let Some(e) = error {
+                if !self.shutdown.is_stopping() {
+                    tracing::error!(error = %e, "a part of the service ended; stopping the rest");
+                }
+                self.shutdown.trigger();
+                if outcome.is_ok() {
+                    outcome = Err(e);
+                }
+            }
+        }
+        if let Some(beat) = self.heartbeat.take() {
+            beat.abort();
+        }
+        started.health.set_stopping();
+        self.shutdown.trigger();
+        let _ = started.admin_task.await;
+        outcome
+    }
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    match join.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned()),
+        Err(join) => join.to_string(),
+    }
 }

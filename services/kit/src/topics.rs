@@ -239,27 +239,52 @@ pub async fn bootstrap(
 
 /// Checks that two topics have the same partition count: a changelog restored by
 /// partition (state for input partition p lives on partition p) needs it.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error("metadata of {topic}: {source}")]
+    Metadata {
+        topic: String,
+        source: rdkafka::error::KafkaError,
+    },
+    #[error(
+        "{input} has {inputs} partitions but {changelog} has {changelogs}: they must be co-partitioned (same count)"
+    )]
+    NotCopartitioned {
+        input: String,
+        inputs: usize,
+        changelog: String,
+        changelogs: usize,
+    },
+}
+
 pub fn check_copartitioned(
     kafka: &crate::kafka::KafkaOptions,
     input: &str,
     changelog: &str,
-) -> Result<(), String> {
+) -> Result<(), TopologyError> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
+    fn metadata(topic: &str) -> impl FnOnce(rdkafka::error::KafkaError) -> TopologyError {
+        let topic = topic.to_owned();
+        move |source| TopologyError::Metadata { topic, source }
+    }
     let probe: BaseConsumer = kafka
         .reader_config("sluice-copartition-probe")
         .create()
-        .map_err(|e| e.to_string())?;
-    let count = |t: &str| -> Result<usize, String> {
+        .map_err(metadata(input))?;
+    let count = |t: &str| -> Result<usize, TopologyError> {
         let md = probe
             .fetch_metadata(Some(t), kafka.request_timeout)
-            .map_err(|e| format!("metadata of {t}: {e}"))?;
+            .map_err(metadata(t))?;
         Ok(md.topics().first().map_or(0, |t| t.partitions().len()))
     };
-    let (i, c) = (count(input)?, count(changelog)?);
-    if i != c {
-        return Err(format!(
-            "{input} has {i} partitions but {changelog} has {c}: they must be co-partitioned (same count)"
-        ));
+    let (inputs, changelogs) = (count(input)?, count(changelog)?);
+    if inputs != changelogs {
+        return Err(TopologyError::NotCopartitioned {
+            input: input.to_owned(),
+            inputs,
+            changelog: changelog.to_owned(),
+            changelogs,
+        });
     }
     Ok(())
 }

@@ -56,27 +56,101 @@ pub struct Output {
     pub headers: Vec<(String, Vec<u8>)>,
 }
 
+/// Any error, with its sources: what a processor's typed errors become.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a processor's failure means to the loop. Each carries the processor's own
+/// error (a codec error, a spec error, …) with its sources; a dead letter's
+/// `error` header is its whole chain.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
     /// This record can never be processed: dead-letter it and go on.
     #[error("poison record: {0}")]
-    Poison(String),
+    Poison(#[source] BoxError),
     /// An outage (a registry, a database): abort the batch and retry it after a backoff.
     #[error("retriable: {0}")]
-    Retriable(String),
+    Retriable(#[source] BoxError),
     /// A bug or a broken invariant: stop the service.
     #[error("fatal: {0}")]
-    Fatal(String),
+    Fatal(#[source] BoxError),
 }
 
 impl ProcessError {
+    pub fn poison(e: impl Into<BoxError>) -> Self {
+        ProcessError::Poison(e.into())
+    }
+
+    pub fn retriable(e: impl Into<BoxError>) -> Self {
+        ProcessError::Retriable(e.into())
+    }
+
+    pub fn fatal(e: impl Into<BoxError>) -> Self {
+        ProcessError::Fatal(e.into())
+    }
+
+    /// The error and its sources, `: `-joined (a log line, a dead letter's header).
+    pub fn chain(&self) -> String {
+        let (ProcessError::Poison(e) | ProcessError::Retriable(e) | ProcessError::Fatal(e)) = self;
+        let mut text = e.to_string();
+        let mut next = e.source();
+        while let Some(s) = next {
+            let s_text = s.to_string();
+            if !text.contains(&s_text) {
+                text.push_str(": ");
+                text.push_str(&s_text);
+            }
+            next = s.source();
+        }
+        text
+    }
+
     /// An input that does not decode is poison; a schema-registry outage is retriable.
     pub fn undecodable(e: &crate::CodecError) -> Self {
         if e.is_retriable() {
-            ProcessError::Retriable(e.to_string())
+            ProcessError::retriable(e.to_string())
         } else {
-            ProcessError::Poison(e.to_string())
+            ProcessError::poison(e.to_string())
         }
+    }
+
+    /// An output this service made that does not encode is a bug (fatal); a
+    /// schema-registry outage is retriable. `what` names the record.
+    pub fn unencodable(what: &str, e: &crate::CodecError) -> Self {
+        if e.is_retriable() {
+            ProcessError::retriable(e.to_string())
+        } else {
+            ProcessError::fatal(format!("{what} does not encode: {e}"))
+        }
+    }
+}
+
+impl Output {
+    /// A record keyed by `key`, partitioned by the key.
+    pub fn keyed(topic: &str, key: impl Into<Vec<u8>>, payload: Vec<u8>) -> Output {
+        Output {
+            topic: topic.to_owned(),
+            partition: None,
+            key: key.into(),
+            payload: Some(payload),
+            headers: Vec::new(),
+        }
+    }
+
+    /// A tombstone for `key` (compaction removes the key).
+    pub fn tombstone(topic: &str, key: impl Into<Vec<u8>>) -> Output {
+        Output {
+            topic: topic.to_owned(),
+            partition: None,
+            key: key.into(),
+            payload: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// The same record on an explicit partition (a co-partitioned changelog).
+    pub fn on_partition(mut self, partition: i32) -> Output {
+        self.partition = Some(partition);
+        self
     }
 }
 
@@ -118,7 +192,7 @@ pub enum Error {
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
     #[error("processor: {0}")]
-    Fatal(String),
+    Fatal(BoxError),
     #[error("consumer has no group metadata (not in a group)")]
     NoGroupMetadata,
 }
@@ -328,17 +402,17 @@ impl<P: Processor> TxnLoop<P> {
 
     /// Runs until `stop` is set (then commits and returns) or a fatal error.
     pub fn run(mut self) -> Result<P, Error> {
-        let mut backoff = self.options.retry_backoff;
+        let mut backoff = self.backoff();
         tracing::info!(group = %self.options.group_id, topics = ?self.options.input_topics, "transactional loop started");
         while !self.stop.load(Ordering::Relaxed) {
             match self.batch() {
-                Ok(()) => backoff = self.options.retry_backoff,
+                Ok(()) => backoff.reset(),
                 Err(BatchError::Retry(why)) => {
-                    tracing::warn!(error = %why, backoff_ms = backoff.as_millis() as u64, "batch aborted; retrying");
+                    let wait = backoff.next_wait();
+                    tracing::warn!(error = %why, backoff_ms = wait.as_millis() as u64, "batch aborted; retrying");
                     metrics::counter!(m::TXN_ABORTED_TOTAL).increment(1);
                     rewind(&self.consumer, self.options.request_timeout)?;
-                    self.wait(backoff);
-                    backoff = (backoff * 2).min(self.options.retry_backoff * 32);
+                    self.wait(wait);
                 }
                 Err(BatchError::Fatal(e)) => {
                     self.health.set_ready(false);
@@ -374,7 +448,7 @@ impl<P: Processor> TxnLoop<P> {
             .map(|tpl| partitions(&tpl))
             .unwrap_or_default();
         self.processor.revoked(&owned);
-        let mut backoff = self.options.retry_backoff;
+        let mut backoff = self.backoff();
         loop {
             match subscribed(&self.consumer_config, &self.producer, &self.options) {
                 Ok(c) => {
@@ -386,12 +460,16 @@ impl<P: Processor> TxnLoop<P> {
                 }
                 Err(e) if !self.stop.load(Ordering::Relaxed) => {
                     tracing::warn!(error = %e, "consumer not built; retrying");
-                    self.wait(backoff);
-                    backoff = (backoff * 2).min(self.options.retry_backoff * 32);
+                    self.wait(backoff.next_wait());
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// From `retry_backoff`, doubled up to 32× while errors repeat.
+    fn backoff(&self) -> crate::backoff::Backoff {
+        crate::backoff::Backoff::new(self.options.retry_backoff, self.options.retry_backoff * 32)
     }
 
     fn wait(&self, d: Duration) {
@@ -462,7 +540,8 @@ impl<P: Processor> TxnLoop<P> {
             self.begin(&mut open)?;
             let outputs = match self.processor.process(&input(&msg)) {
                 Ok(outs) => outs,
-                Err(ProcessError::Poison(reason)) => {
+                Err(e @ ProcessError::Poison(_)) => {
+                    let reason = e.chain();
                     metrics::counter!(m::DEAD_LETTERS_TOTAL, "topic" => msg.topic().to_owned())
                         .increment(1);
                     tracing::warn!(
@@ -485,7 +564,7 @@ impl<P: Processor> TxnLoop<P> {
                         self.consumer.context(),
                         self.options.request_timeout,
                     )?;
-                    return Err(BatchError::Retry(why));
+                    return Err(BatchError::Retry(why.to_string()));
                 }
                 Err(ProcessError::Fatal(why)) => {
                     let _ = abort_open(
@@ -529,7 +608,7 @@ impl<P: Processor> TxnLoop<P> {
             }
             Err(e) => {
                 abort(&self.producer, self.options.request_timeout, &e)
-                    .map_err(|f| BatchError::Fatal(Error::Fatal(f)))?;
+                    .map_err(|f| BatchError::Fatal(Error::Fatal(f.into())))?;
                 self.processor.aborted();
                 Err(BatchError::Retry(format!("commit failed: {e}")))
             }
@@ -564,8 +643,8 @@ impl<P: Processor> TxnLoop<P> {
                     self.processor.aborted();
                 }
                 return Err(match e {
-                    ProcessError::Retriable(why) => BatchError::Retry(why),
-                    other => BatchError::Fatal(Error::Fatal(other.to_string())),
+                    ProcessError::Retriable(why) => BatchError::Retry(why.to_string()),
+                    other => BatchError::Fatal(Error::Fatal(other.into())),
                 });
             }
         };
@@ -627,7 +706,7 @@ fn handle_events<P: Processor>(
                 // Still-owned partitions must re-read what the aborted batch held.
                 rewind(consumer, timeout).map_err(BatchError::Fatal)?;
             }
-            Event::Fatal(why) => return Err(BatchError::Fatal(Error::Fatal(why))),
+            Event::Fatal(why) => return Err(BatchError::Fatal(Error::Fatal(why.into()))),
             Event::Revoked(parts) => {
                 tracing::info!(partitions = ?parts, "partitions revoked");
                 processor.revoked(&parts);
@@ -636,7 +715,7 @@ fn handle_events<P: Processor>(
                 tracing::info!(partitions = ?parts, "partitions assigned");
                 processor.assigned(&parts).map_err(|e| match e {
                     ProcessError::Fatal(s) => BatchError::Fatal(Error::Fatal(s)),
-                    other => BatchError::Retry(other.to_string()),
+                    other => BatchError::Retry(other.chain()),
                 })?;
             }
         }
@@ -741,4 +820,82 @@ fn input<'a>(msg: &'a BorrowedMessage<'a>) -> Input<'a> {
         timestamp_ms: msg.timestamp().to_millis(),
         headers,
     }
+}
+
+/// How much one transaction takes: `SLUICE_BATCH_MAX_RECORDS` records or
+/// `SLUICE_BATCH_MAX_MS`, whichever comes first.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch {
+    pub max_records: usize,
+    pub max_time: Duration,
+}
+
+impl Batch {
+    pub fn read(env: &mut crate::config::Env, default_records: usize) -> Batch {
+        let max_records = env.parse("SLUICE_BATCH_MAX_RECORDS", default_records);
+        let max_time = env.millis("SLUICE_BATCH_MAX_MS", Duration::from_millis(100));
+        if max_records == 0 {
+            env.problem("SLUICE_BATCH_MAX_RECORDS must be at least 1");
+        }
+        Batch {
+            max_records,
+            max_time,
+        }
+    }
+}
+
+/// What differs between the services that run the transactional loop.
+pub struct LoopSpec {
+    /// Names the loop in logs and in the service's error ("hook loop").
+    pub task: &'static str,
+    pub group_id: String,
+    pub input_topics: Vec<String>,
+    pub batch: Batch,
+}
+
+/// Runs `processor` on the transactional loop as a part of the service under
+/// `supervisor`. Every service names its clients and its transactional id the
+/// same way: one transactional id per instance (`<prefix><service>-<instance>`),
+/// so a restarted instance fences its zombie; KIP-447 fencing across rebalances
+/// uses the consumer's group metadata. The service is ready once the loop has
+/// joined its group.
+pub fn spawn<P: Processor + 'static>(
+    supervisor: &mut crate::service::Supervisor,
+    common: &crate::config::Common,
+    health: &Health,
+    stop: Arc<AtomicBool>,
+    spec: LoopSpec,
+    processor: P,
+) {
+    let client_id = common.client_id("");
+    let consumer = common.kafka.consumer_config(&client_id, &spec.group_id);
+    let producer = common.kafka.transactional_producer_config(
+        &client_id,
+        &format!(
+            "{}{}-{}",
+            common.topics.prefix, common.service, common.instance
+        ),
+    );
+    let options = Options {
+        group_id: spec.group_id,
+        input_topics: spec.input_topics,
+        dead_letter_topic: common.topics.name(crate::Topic::DeadLetter),
+        max_records: spec.batch.max_records,
+        max_batch_time: spec.batch.max_time,
+        request_timeout: common.kafka.request_timeout,
+        retry_backoff: Duration::from_millis(200),
+    };
+    let health = health.clone();
+    supervisor.spawn_blocking(spec.task, move || {
+        let l = TxnLoop::new(
+            &consumer,
+            &producer,
+            processor,
+            options,
+            health.clone(),
+            stop,
+        )?;
+        health.set_ready(true);
+        l.run().map(|_| ())
+    });
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use sluice_kit::{Codec, SchemaName};
+use sluice_kit::{BlockingCodec, SchemaName};
 
 use sluice_core::DependencySpec;
 use sluice_core::dependency::{SpecError, cycle_verdict};
@@ -78,14 +78,13 @@ impl Lineage {
         self: &Arc<Self>,
         config: ClientConfig,
         topic: String,
-        codec: Codec,
-        runtime: tokio::runtime::Handle,
+        codec: BlockingCodec,
         stop: Arc<AtomicBool>,
     ) -> std::thread::JoinHandle<()> {
         let lineage = self.clone();
         std::thread::Builder::new()
             .name("dependencies-follower".into())
-            .spawn(move || lineage.follow(&config, &topic, &codec, &runtime, &stop))
+            .spawn(move || lineage.follow(&config, &topic, &codec, &stop))
             .expect("spawning a thread")
     }
 
@@ -94,8 +93,7 @@ impl Lineage {
         self: &Arc<Self>,
         config: &ClientConfig,
         topic: &str,
-        codec: &Codec,
-        runtime: &tokio::runtime::Handle,
+        codec: &BlockingCodec,
         stop: &AtomicBool,
     ) {
         let outcome = sluice_kit::changelog::follow(
@@ -114,8 +112,8 @@ impl Lineage {
                     msg.offset(),
                 );
                 let spec = msg.payload().and_then(|bytes| {
-                    runtime
-                        .block_on(codec.decode::<WireSpec>(SchemaName::DependencySpec, bytes))
+                    codec
+                        .decode::<WireSpec>(SchemaName::DependencySpec, bytes)
                         .ok()
                         .and_then(|w| w.into_spec(id).ok())
                 });

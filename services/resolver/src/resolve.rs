@@ -7,47 +7,36 @@
 //! combinations were already triggered. Progress of the open transaction is rolled
 //! back on abort and every owned dependency is re-checked.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::{HashMap, HashMapExt};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::message::Message;
 use sluice_core::decide::{self, Cause, Progress};
 use sluice_core::{AssetKey, DependencySpec};
-use sluice_kit::changelog::read_to_end;
+use sluice_kit::changelog::Changelog;
 use sluice_kit::grants::SharedGrants;
 use sluice_kit::txn::{Input, Output, ProcessError, Processor};
 use sluice_kit::wire::{ProgressRecord, TriggerRecord, WireSpec};
-use sluice_kit::{Codec, SchemaName};
+use sluice_kit::{BlockingCodec, SchemaName};
 
 use crate::lineage::{Lineage, Order};
 use crate::metrics as m;
+use crate::registry::Registry;
 use crate::table::GlobalTable;
 
-/// One owned dependency.
-struct Owned {
-    spec: DependencySpec,
-    /// dependencies (and resolver-progress) partition it lives on.
-    partition: i32,
-    /// Offset of the spec record it came from: an older record replayed by the
-    /// loop must not bring an older version back.
-    offset: i64,
-    progress: Progress,
-}
-
-pub struct Topics {
-    pub dependencies: String,
-    pub progress: String,
-    pub triggers: String,
+/// The changelogs a resolver restores its partitions from (co-partitioned).
+pub struct Changelogs {
+    pub dependencies: Box<dyn Changelog>,
+    pub progress: Box<dyn Changelog>,
 }
 
 pub struct Resolve {
-    codec: Codec,
-    runtime: tokio::runtime::Handle,
-    topics: Topics,
+    codec: BlockingCodec,
+    changelogs: Changelogs,
+    triggers: String,
     table: Arc<GlobalTable>,
     /// The whole dependency set's lineage, for cycle checks across instances.
     lineage: Arc<Lineage>,
@@ -56,14 +45,7 @@ pub struct Resolve {
     reader: ClientConfig,
     timeout: Duration,
     clock: fn() -> i64,
-    deps: HashMap<String, Owned>,
-    index: HashMap<AssetKey, BTreeSet<String>>,
-    /// Dependencies with a pending timer.
-    timed: HashSet<String>,
-    /// Dependencies to re-check on the next pass (after restore or abort).
-    recheck: BTreeSet<String>,
-    /// Progress as it was before the open transaction touched it (None: was absent).
-    saved: HashMap<String, Option<Progress>>,
+    registry: Registry,
     /// Grants in force when they are enforced (`SLUICE_GRANTS=enforce`).
     grants: Option<Arc<SharedGrants>>,
     /// Dependencies whose refusal by the grants was logged (once per version).
@@ -71,10 +53,12 @@ pub struct Resolve {
 }
 
 impl Resolve {
+    /// `reader`: a client config for asking where the dependencies topic ends
+    /// (only a spec that produces an asset needs it, for the cycle check).
     pub fn new(
-        codec: Codec,
-        runtime: tokio::runtime::Handle,
-        topics: Topics,
+        codec: BlockingCodec,
+        changelogs: Changelogs,
+        triggers: String,
         table: Arc<GlobalTable>,
         lineage: Arc<Lineage>,
         reader: ClientConfig,
@@ -82,22 +66,24 @@ impl Resolve {
     ) -> Self {
         Resolve {
             codec,
-            runtime,
-            topics,
+            changelogs,
+            triggers,
             table,
             lineage,
             watermarks: None,
             reader,
             timeout,
             clock: sluice_kit::clock::now_ms,
-            deps: HashMap::new(),
-            index: HashMap::new(),
-            timed: HashSet::new(),
-            recheck: BTreeSet::new(),
-            saved: HashMap::new(),
+            registry: Registry::new(),
             grants: None,
             withheld: HashMap::new(),
         }
+    }
+
+    /// Reads time from `clock` (epoch ms) instead of the system clock (tests).
+    pub fn with_clock(mut self, clock: fn() -> i64) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Enforces `grants`: a dependency no grant allows is not evaluated (and so
@@ -108,32 +94,7 @@ impl Resolve {
     }
 
     pub fn dependencies(&self) -> usize {
-        self.deps.len()
-    }
-
-    fn index_add(&mut self, spec: &DependencySpec) {
-        for a in spec.inputs() {
-            self.index.entry(a).or_default().insert(spec.id.clone());
-        }
-    }
-
-    fn index_remove(&mut self, spec: &DependencySpec) {
-        for a in spec.inputs() {
-            if let Some(ids) = self.index.get_mut(&a) {
-                ids.remove(&spec.id);
-                if ids.is_empty() {
-                    self.index.remove(&a);
-                }
-            }
-        }
-    }
-
-    /// Remembers the progress of `id` before the open transaction changes it.
-    fn save(&mut self, id: &str) {
-        if !self.saved.contains_key(id) {
-            let before = self.deps.get(id).map(|o| o.progress.clone());
-            self.saved.insert(id.to_owned(), before);
-        }
+        self.registry.len()
     }
 
     fn progress_output(
@@ -142,25 +103,22 @@ impl Resolve {
         partition: i32,
         p: Option<&Progress>,
     ) -> Result<Output, ProcessError> {
-        let payload = match p {
-            None => None,
-            Some(p) => Some(
-                self.runtime
-                    .block_on(self.codec.encode(
+        let topic = self.changelogs.progress.topic();
+        let out = match p {
+            None => Output::tombstone(topic, id),
+            Some(p) => {
+                let bytes = self
+                    .codec
+                    .encode(
                         SchemaName::ResolverProgress,
-                        &self.topics.progress,
+                        topic,
                         &ProgressRecord::new(id, p),
-                    ))
-                    .map_err(encode_error)?,
-            ),
+                    )
+                    .map_err(|e| ProcessError::unencodable("a resolver progress", &e))?;
+                Output::keyed(topic, id, bytes)
+            }
         };
-        Ok(Output {
-            topic: self.topics.progress.clone(),
-            partition: Some(partition),
-            key: id.as_bytes().to_vec(),
-            payload,
-            headers: Vec::new(),
-        })
+        Ok(out.on_partition(partition))
     }
 
     /// Evaluates the given dependencies; returns their triggers and progress.
@@ -173,60 +131,45 @@ impl Resolve {
             let states = table.read();
             let lookup = |a: &AssetKey| states.get(a).map(|(s, _)| s);
             for (id, cause) in ids {
-                if !self.deps.contains_key(id) {
+                let Some(owned) = self.registry.get(id) else {
                     continue;
-                }
-                if let (Some(grants), Some(owned)) = (&self.grants, self.deps.get(id))
+                };
+                if let Some(grants) = &self.grants
                     && let Err(e) = grants.check(&owned.spec)
                 {
                     metrics::counter!(m::WITHHELD_BY_GRANTS_TOTAL).increment(1);
-                    if self.withheld.insert(id.clone(), owned.spec.version)
-                        != Some(owned.spec.version)
-                    {
+                    let version = owned.spec.version;
+                    if self.withheld.insert(id.clone(), version) != Some(version) {
                         tracing::warn!(dependency = %id, error = %e, "dependency withheld: no grant allows it");
                     }
                     continue;
                 }
                 self.withheld.remove(id);
-                self.save(id);
-                let Some(owned) = self.deps.get_mut(id) else {
+                metrics::counter!(m::EVALUATIONS_TOTAL).increment(1);
+                let Some(outcome) = self.registry.step(id, |spec, progress| {
+                    let outcome = decide::step(spec, progress, &lookup, now, *cause);
+                    let records: Vec<_> = outcome
+                        .fires
+                        .iter()
+                        .map(|fire| (fire.key.clone(), TriggerRecord::of_fire(spec, fire)))
+                        .collect();
+                    (outcome, records)
+                }) else {
                     continue;
                 };
-                metrics::counter!(m::EVALUATIONS_TOTAL).increment(1);
-                let outcome = decide::step(&owned.spec, &mut owned.progress, &lookup, now, *cause);
+                let (outcome, records) = outcome;
                 if outcome.suppressed {
                     metrics::counter!(m::SUPPRESSED_TOTAL).increment(1);
                 }
-                for fire in &outcome.fires {
+                for (key, record) in records {
                     metrics::counter!(m::TRIGGERS_TOTAL).increment(1);
                     // Counted by the metric; one line per trigger only when asked for.
-                    tracing::debug!(
-                        dependency = %owned.spec.id,
-                        trigger_key = %fire.key,
-                        reason = %fire.reason,
-                        "trigger"
-                    );
-                    let record = TriggerRecord::of_fire(&owned.spec, fire);
+                    tracing::debug!(dependency = %id, trigger_key = %key, reason = %record.reason, "trigger");
                     let payload = self
-                        .runtime
-                        .block_on(self.codec.encode(
-                            SchemaName::TriggerRequest,
-                            &self.topics.triggers,
-                            &record,
-                        ))
-                        .map_err(encode_error)?;
-                    outputs.push(Output {
-                        topic: self.topics.triggers.clone(),
-                        partition: None,
-                        key: fire.key.as_str().as_bytes().to_vec(),
-                        payload: Some(payload),
-                        headers: Vec::new(),
-                    });
-                }
-                if owned.progress.fire_at_ms.is_some() {
-                    self.timed.insert(id.clone());
-                } else {
-                    self.timed.remove(id);
+                        .codec
+                        .encode(SchemaName::TriggerRequest, &self.triggers, &record)
+                        .map_err(|e| ProcessError::unencodable("a trigger request", &e))?;
+                    outputs.push(Output::keyed(&self.triggers, key.as_str(), payload));
                 }
                 if outcome.progress_changed {
                     changed.push(id.clone());
@@ -234,8 +177,9 @@ impl Resolve {
             }
         }
         for id in changed {
-            let o = &self.deps[&id];
-            outputs.push(self.progress_output(&id, o.partition, Some(&o.progress))?);
+            if let Some(o) = self.registry.get(&id) {
+                outputs.push(self.progress_output(&id, o.partition, Some(&o.progress))?);
+            }
         }
         Ok(outputs)
     }
@@ -243,61 +187,48 @@ impl Resolve {
     /// Loads the specs and progress of `partitions` from their changelogs.
     fn restore(&mut self, partitions: &BTreeSet<i32>) -> Result<(), String> {
         let mut specs: HashMap<String, (i32, i64, Option<DependencySpec>)> = HashMap::new();
-        let (runtime, codec) = (&self.runtime, &self.codec);
-        read_to_end(
-            &self.reader,
-            &self.topics.dependencies,
-            partitions,
-            self.timeout * 10,
-            |msg| {
-                let key = String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned();
-                let spec = match msg.payload() {
+        let codec = &self.codec;
+        self.changelogs
+            .dependencies
+            .read_to_end(partitions, &mut |r| {
+                let key = String::from_utf8_lossy(r.key.unwrap_or_default()).into_owned();
+                let spec = match r.payload {
                     None => None,
-                    Some(bytes) => match decode_spec(runtime, codec, &key, bytes) {
+                    Some(bytes) => match decode_spec(codec, &key, bytes) {
                         Ok(s) => Some(s),
-                        Err(ProcessError::Retriable(e)) => return Err(e),
+                        Err(ProcessError::Retriable(e)) => return Err(e.to_string()),
                         Err(e) => {
                             // Refused when first consumed too (and dead-lettered then);
                             // the last valid version stays in force.
                             metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
-                            tracing::warn!(dependency = %key, offset = msg.offset(), error = %e, "invalid spec skipped on restore");
+                            tracing::warn!(dependency = %key, offset = r.offset, error = %e, "invalid spec skipped on restore");
                             return Ok(());
                         }
                     },
                 };
-                specs.insert(key, (msg.partition(), msg.offset(), spec));
+                specs.insert(key, (r.partition, r.offset, spec));
                 Ok(())
-            },
-        )?;
+            })?;
         let mut progress: HashMap<String, Progress> = HashMap::new();
-        read_to_end(
-            &self.reader,
-            &self.topics.progress,
-            partitions,
-            self.timeout * 10,
-            |msg| {
-                let key = String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned();
-                match msg.payload() {
-                    None => {
-                        progress.remove(&key);
-                    }
-                    Some(bytes) => {
-                        let at =
-                            || format!("resolver-progress {}@{}", msg.partition(), msg.offset());
-                        let record: ProgressRecord = runtime
-                            .block_on(codec.decode(SchemaName::ResolverProgress, bytes))
-                            .map_err(|e| format!("{}: {e}", at()))?;
-                        progress.insert(
-                            key,
-                            record
-                                .into_progress()
-                                .map_err(|e| format!("{}: {e}", at()))?,
-                        );
-                    }
+        let topic = self.changelogs.progress.topic();
+        self.changelogs.progress.read_to_end(partitions, &mut |r| {
+            let key = String::from_utf8_lossy(r.key.unwrap_or_default()).into_owned();
+            match r.payload {
+                None => {
+                    progress.remove(&key);
                 }
-                Ok(())
-            },
-        )?;
+                Some(bytes) => {
+                    let record: ProgressRecord = codec
+                        .decode(SchemaName::ResolverProgress, bytes)
+                        .map_err(|e| format!("{}: {e}", r.at(topic)))?;
+                    let p = record
+                        .into_progress()
+                        .map_err(|e| format!("{}: {e}", r.at(topic)))?;
+                    progress.insert(key, p);
+                }
+            }
+            Ok(())
+        })?;
         let mut loaded = 0usize;
         let mut lineage_read = false;
         // In log order, so a spec that closed a cycle is refused again, as it was
@@ -321,23 +252,10 @@ impl Resolve {
                 version: spec.version,
                 ..Progress::default()
             });
-            self.index_add(&spec);
-            if progress.fire_at_ms.is_some() {
-                self.timed.insert(id.clone());
-            }
-            self.recheck.insert(id.clone());
-            self.deps.insert(
-                id,
-                Owned {
-                    spec,
-                    partition,
-                    offset,
-                    progress,
-                },
-            );
+            self.registry.load(spec, partition, offset, progress);
             loaded += 1;
         }
-        metrics::gauge!(m::DEPENDENCIES).set(self.deps.len() as f64);
+        metrics::gauge!(m::DEPENDENCIES).set(self.registry.len() as f64);
         tracing::info!(partitions = ?partitions, dependencies = loaded, "restored dependencies and progress");
         Ok(())
     }
@@ -357,13 +275,13 @@ impl Resolve {
             let c: BaseConsumer = self
                 .reader
                 .create()
-                .map_err(|e| ProcessError::Retriable(format!("watermark reader: {e}")))?;
+                .map_err(|e| ProcessError::retriable(format!("watermark reader: {e}")))?;
             self.watermarks = Some(c);
         }
         if let Some(c) = &self.watermarks {
             self.lineage
-                .wait_read_to_end(c, &self.topics.dependencies, self.timeout)
-                .map_err(ProcessError::Retriable)?;
+                .wait_read_to_end(c, self.changelogs.dependencies.topic(), self.timeout)
+                .map_err(ProcessError::retriable)?;
         }
         Ok(())
     }
@@ -371,30 +289,21 @@ impl Resolve {
     fn lineage_verdict(&self, spec: &DependencySpec, order: Order) -> Result<(), ProcessError> {
         self.lineage.verdict(spec, order).map_err(|e| {
             metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
-            ProcessError::Poison(e.to_string())
+            ProcessError::poison(e.to_string())
         })
     }
 }
 
-fn encode_error(e: sluice_kit::CodecError) -> ProcessError {
-    if e.is_retriable() {
-        ProcessError::Retriable(e.to_string())
-    } else {
-        ProcessError::Fatal(format!("a resolver record does not encode: {e}"))
-    }
-}
-
 fn decode_spec(
-    runtime: &tokio::runtime::Handle,
-    codec: &Codec,
+    codec: &BlockingCodec,
     key: &str,
     bytes: &[u8],
 ) -> Result<DependencySpec, ProcessError> {
-    let wire: WireSpec = runtime
-        .block_on(codec.decode(SchemaName::DependencySpec, bytes))
+    let wire: WireSpec = codec
+        .decode(SchemaName::DependencySpec, bytes)
         .map_err(|e| ProcessError::undecodable(&e))?;
     wire.into_spec(key)
-        .map_err(|e| ProcessError::Poison(e.to_string()))
+        .map_err(|e| ProcessError::poison(e.to_string()))
 }
 
 impl Processor for Resolve {
@@ -403,31 +312,21 @@ impl Processor for Resolve {
         let key = input
             .key
             .and_then(|k| std::str::from_utf8(k).ok())
-            .ok_or_else(|| ProcessError::Poison("dependency record without a UTF-8 key".into()))?
+            .ok_or_else(|| ProcessError::poison("dependency record without a UTF-8 key"))?
             .to_owned();
-        if self
-            .deps
-            .get(&key)
-            .is_some_and(|o| o.offset >= input.offset)
-        {
+        if self.registry.holds_at_or_after(&key, input.offset) {
             return Ok(Vec::new()); // already loaded by restore
         }
         let Some(bytes) = input.payload else {
             // Tombstone: the dependency is gone and its progress with it.
-            let Some(old) = self.deps.get(&key) else {
+            let Some(partition) = self.registry.remove(&key) else {
                 return Ok(Vec::new());
             };
-            let partition = old.partition;
-            self.save(&key);
-            if let Some(old) = self.deps.remove(&key) {
-                self.index_remove(&old.spec);
-            }
-            self.timed.remove(&key);
-            metrics::gauge!(m::DEPENDENCIES).set(self.deps.len() as f64);
+            metrics::gauge!(m::DEPENDENCIES).set(self.registry.len() as f64);
             tracing::info!(dependency = %key, "dependency deleted");
             return Ok(vec![self.progress_output(&key, partition, None)?]);
         };
-        let spec = decode_spec(&self.runtime, &self.codec, &key, bytes).inspect_err(|e| {
+        let spec = decode_spec(&self.codec, &key, bytes).inspect_err(|e| {
             if matches!(e, ProcessError::Poison(_)) {
                 metrics::counter!(m::SPECS_REFUSED_TOTAL).increment(1);
             }
@@ -442,31 +341,11 @@ impl Processor for Resolve {
             );
             self.check_lineage(&spec, order)?;
         }
-        self.save(&key);
-        let progress = match self.deps.remove(&key) {
-            Some(old) => {
-                self.index_remove(&old.spec);
-                old.progress
-            }
-            None => Progress {
-                version: spec.version,
-                ..Progress::default()
-            },
-        };
         tracing::info!(dependency = %key, version = spec.version, mode = %spec.mode, "dependency accepted");
-        self.index_add(&spec);
-        self.deps.insert(
-            key.clone(),
-            Owned {
-                spec,
-                partition: input.partition,
-                offset: input.offset,
-                progress,
-            },
-        );
-        metrics::gauge!(m::DEPENDENCIES).set(self.deps.len() as f64);
+        self.registry.upsert(spec, input.partition, input.offset);
+        metrics::gauge!(m::DEPENDENCIES).set(self.registry.len() as f64);
         if !self.table.caught_up() {
-            self.recheck.insert(key);
+            self.registry.recheck(Some(&key));
             return Ok(Vec::new());
         }
         self.evaluate(&[(key, Cause::Change)])
@@ -475,41 +354,17 @@ impl Processor for Resolve {
     fn tick(&mut self) -> Result<Vec<Output>, ProcessError> {
         if !self.table.caught_up() {
             if let Some(why) = self.table.failure() {
-                return Err(ProcessError::Fatal(format!("asset-state reader: {why}")));
+                return Err(ProcessError::fatal(format!("asset-state reader: {why}")));
             }
             return Ok(Vec::new());
         }
-        let mut work: Vec<(String, Cause)> = Vec::new();
-        let mut seen: HashSet<String> = HashSet::new();
-        for asset in self.table.drain_changed() {
-            if let Some(ids) = self.index.get(&asset) {
-                for id in ids {
-                    if seen.insert(id.clone()) {
-                        work.push((id.clone(), Cause::Change));
-                    }
-                }
-            }
-        }
         // A grant given or revoked: every owned dependency is judged again.
         if self.grants.as_ref().is_some_and(|g| g.take_changed()) {
-            self.recheck.extend(self.deps.keys().cloned());
+            self.registry.recheck(None);
         }
-        for id in std::mem::take(&mut self.recheck) {
-            if seen.insert(id.clone()) {
-                work.push((id, Cause::Recheck));
-            }
-        }
-        let now = (self.clock)();
-        for id in &self.timed {
-            let due = self
-                .deps
-                .get(id)
-                .and_then(|o| o.progress.fire_at_ms)
-                .is_some_and(|at| at <= now);
-            if due && seen.insert(id.clone()) {
-                work.push((id.clone(), Cause::Recheck));
-            }
-        }
+        let work = self
+            .registry
+            .due(self.table.drain_changed(), (self.clock)());
         if work.is_empty() {
             return Ok(Vec::new());
         }
@@ -519,7 +374,7 @@ impl Processor for Resolve {
     fn assigned(&mut self, partitions: &[(String, i32)]) -> Result<(), ProcessError> {
         // Judging dependencies on a partial table would fire on stale combinations.
         if !self.table.wait_caught_up(self.timeout * 10) {
-            return Err(ProcessError::Retriable(
+            return Err(ProcessError::retriable(
                 self.table
                     .failure()
                     .unwrap_or_else(|| "asset-state table not caught up yet".into()),
@@ -528,52 +383,213 @@ impl Processor for Resolve {
         if let Some(g) = &self.grants
             && !g.wait_caught_up(self.timeout * 10)
         {
-            return Err(ProcessError::Retriable(
+            return Err(ProcessError::retriable(
                 g.failure()
                     .unwrap_or_else(|| "grants not read to their end yet".into()),
             ));
         }
         let parts: BTreeSet<i32> = partitions.iter().map(|(_, p)| *p).collect();
-        self.restore(&parts).map_err(ProcessError::Retriable)
+        self.restore(&parts).map_err(ProcessError::retriable)
     }
 
     fn revoked(&mut self, partitions: &[(String, i32)]) {
         let parts: BTreeSet<i32> = partitions.iter().map(|(_, p)| *p).collect();
-        let gone: Vec<String> = self
-            .deps
-            .iter()
-            .filter(|(_, o)| parts.contains(&o.partition))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in gone {
-            if let Some(o) = self.deps.remove(&id) {
-                self.index_remove(&o.spec);
-            }
-            self.timed.remove(&id);
-            self.recheck.remove(&id);
-            self.saved.remove(&id);
-        }
-        metrics::gauge!(m::DEPENDENCIES).set(self.deps.len() as f64);
+        self.registry.revoke(&parts);
+        metrics::gauge!(m::DEPENDENCIES).set(self.registry.len() as f64);
     }
 
     fn committed(&mut self) {
-        self.saved.clear();
+        self.registry.commit();
     }
 
     fn aborted(&mut self) {
-        // Roll progress back; the changes drained in the aborted pass are lost, so
-        // every owned dependency is checked again.
-        for (id, before) in std::mem::take(&mut self.saved) {
-            match (before, self.deps.get_mut(&id)) {
-                (Some(p), Some(o)) => o.progress = p,
-                (None, Some(_)) => {
-                    if let Some(o) = self.deps.remove(&id) {
-                        self.index_remove(&o.spec);
-                    }
-                }
-                _ => {}
-            }
+        self.registry.abort();
+        metrics::gauge!(m::DEPENDENCIES).set(self.registry.len() as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The processor without a broker: spec records handed in as the loop would,
+    //! the global table filled directly, restore from in-memory changelogs.
+    use super::*;
+    use sluice_core::{AssetEvent, AssetState, EventSource, TableFormat};
+    use sluice_kit::changelog::MemoryChangelog;
+
+    const SPEC: &str = r#"{"id": "d1", "version": 1, "owner_project": "p",
+        "target": {"kind": "webhook", "name": "w"},
+        "condition": {"input": {"asset": "lake.s.a"}}, "mode": {"kind": "snapshots"}}"#;
+
+    fn codec() -> BlockingCodec {
+        BlockingCodec::new(None).expect("codec")
+    }
+
+    struct Rig {
+        resolve: Resolve,
+        table: Arc<GlobalTable>,
+        progress: MemoryChangelog,
+        dependencies: MemoryChangelog,
+    }
+
+    fn resolve_on(
+        table: Arc<GlobalTable>,
+        dependencies: &MemoryChangelog,
+        progress: &MemoryChangelog,
+    ) -> Resolve {
+        Resolve::new(
+            codec(),
+            Changelogs {
+                dependencies: Box::new(dependencies.clone()),
+                progress: Box::new(progress.clone()),
+            },
+            "triggers".into(),
+            table,
+            Lineage::new(),
+            ClientConfig::new(),
+            Duration::from_secs(1),
+        )
+        .with_clock(|| 1_000_000)
+    }
+
+    fn rig() -> Rig {
+        let table = GlobalTable::new();
+        table.mark_caught_up();
+        let (dependencies, progress) = (
+            MemoryChangelog::new("dependencies"),
+            MemoryChangelog::new("resolver-progress"),
+        );
+        let resolve = resolve_on(table.clone(), &dependencies, &progress);
+        Rig {
+            resolve,
+            table,
+            progress,
+            dependencies,
         }
-        self.recheck.extend(self.deps.keys().cloned());
+    }
+
+    fn spec_bytes() -> Vec<u8> {
+        let spec = DependencySpec::from_json(SPEC).expect("spec");
+        codec()
+            .encode(
+                SchemaName::DependencySpec,
+                "dependencies",
+                &WireSpec::from(&spec),
+            )
+            .expect("encode")
+    }
+
+    fn feed_spec(r: &mut Resolve, offset: i64, payload: Option<&[u8]>) -> Vec<Output> {
+        r.process(&Input {
+            topic: "dependencies",
+            partition: 0,
+            offset,
+            key: Some(b"d1"),
+            payload,
+            timestamp_ms: Some(1),
+            headers: Vec::new(),
+        })
+        .expect("processed")
+    }
+
+    fn commit(table: &GlobalTable, sequence: i64) {
+        let key = AssetKey::parse("lake.s.a").expect("key");
+        let mut state = AssetState::new(key.clone(), TableFormat::Paimon);
+        for s in 1..=sequence {
+            state.apply(&AssetEvent::committed(
+                key.clone(),
+                TableFormat::Paimon,
+                s,
+                s,
+                s * 1_000,
+                EventSource::Push,
+            ));
+        }
+        table.apply(key, Some((state, sequence)));
+    }
+
+    fn trigger_keys(out: &[Output]) -> Vec<String> {
+        out.iter()
+            .filter(|o| o.topic == "triggers")
+            .map(|o| String::from_utf8_lossy(&o.key).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn an_aborted_pass_fires_the_same_trigger_again_and_a_committed_one_never() {
+        let Rig {
+            mut resolve, table, ..
+        } = rig();
+        assert!(trigger_keys(&feed_spec(&mut resolve, 0, Some(&spec_bytes()))).is_empty());
+        resolve.committed();
+        commit(&table, 1);
+        let first = resolve.tick().expect("tick");
+        let keys = trigger_keys(&first);
+        assert_eq!(keys.len(), 1, "{first:?}");
+        assert!(
+            first
+                .iter()
+                .any(|o| o.topic == "resolver-progress" && o.partition == Some(0)),
+            "the progress goes with the trigger, on the spec's partition"
+        );
+        resolve.aborted();
+        assert_eq!(
+            trigger_keys(&resolve.tick().expect("tick")),
+            keys,
+            "the same key after an abort"
+        );
+        resolve.committed();
+        assert!(trigger_keys(&resolve.tick().expect("tick")).is_empty());
+        commit(&table, 2);
+        let next = trigger_keys(&resolve.tick().expect("tick"));
+        assert_eq!(next.len(), 1);
+        assert_ne!(next, keys);
+    }
+
+    #[test]
+    fn a_deletion_replayed_after_an_abort_still_deletes_the_progress() {
+        let Rig {
+            mut resolve, table, ..
+        } = rig();
+        feed_spec(&mut resolve, 0, Some(&spec_bytes()));
+        commit(&table, 1);
+        resolve.tick().expect("tick");
+        resolve.committed();
+        let deleted = feed_spec(&mut resolve, 1, None);
+        assert_eq!(deleted.len(), 1);
+        resolve.aborted();
+        let replayed = feed_spec(&mut resolve, 1, None);
+        assert_eq!(
+            replayed, deleted,
+            "the progress tombstone is produced again"
+        );
+        assert_eq!(replayed[0].payload, None);
+    }
+
+    #[test]
+    fn a_restored_dependency_does_not_fire_a_combination_it_already_fired() {
+        let Rig {
+            mut resolve,
+            table,
+            progress,
+            dependencies,
+        } = rig();
+        dependencies.append(0, b"d1", Some(&spec_bytes()));
+        resolve
+            .assigned(&[("dependencies".into(), 0)])
+            .expect("restore");
+        commit(&table, 1);
+        let out = resolve.tick().expect("tick");
+        assert_eq!(trigger_keys(&out).len(), 1);
+        resolve.committed();
+        for o in out.iter().filter(|o| o.topic == "resolver-progress") {
+            progress.append(0, &o.key, o.payload.as_deref());
+        }
+        // The partition moves to a new instance (same table, same changelogs).
+        let mut resolve = resolve_on(table, &dependencies, &progress);
+        resolve
+            .assigned(&[("dependencies".into(), 0)])
+            .expect("restore");
+        assert!(trigger_keys(&resolve.tick().expect("tick")).is_empty());
+        assert_eq!(resolve.dependencies(), 1);
     }
 }

@@ -11,7 +11,7 @@ use rdkafka::ClientConfig;
 use rdkafka::message::Message;
 use sluice_core::{AssetKey, AssetState};
 use sluice_kit::wire::StateRecord;
-use sluice_kit::{Codec, SchemaName};
+use sluice_kit::{BlockingCodec, SchemaName};
 
 use crate::metrics as m;
 
@@ -115,8 +115,7 @@ impl GlobalTable {
         self: &Arc<Self>,
         config: ClientConfig,
         topic: String,
-        codec: Codec,
-        runtime: tokio::runtime::Handle,
+        codec: BlockingCodec,
         stop: Arc<AtomicBool>,
         timeout: Duration,
     ) -> std::thread::JoinHandle<()> {
@@ -124,7 +123,7 @@ impl GlobalTable {
         std::thread::Builder::new()
             .name("asset-state-reader".into())
             .spawn(move || {
-                if let Err(e) = table.read_loop(config, &topic, &codec, &runtime, &stop, timeout) {
+                if let Err(e) = table.read_loop(config, &topic, &codec, &stop, timeout) {
                     tracing::error!(error = %e, "asset-state reader stopped");
                     *table.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 }
@@ -137,8 +136,7 @@ impl GlobalTable {
         &self,
         config: ClientConfig,
         topic: &str,
-        codec: &Codec,
-        runtime: &tokio::runtime::Handle,
+        codec: &BlockingCodec,
         stop: &AtomicBool,
         timeout: Duration,
     ) -> Result<(), String> {
@@ -160,7 +158,7 @@ impl GlobalTable {
             },
             |msg| {
                 self.records.fetch_add(1, Ordering::Relaxed);
-                match decode(msg, codec, runtime) {
+                match decode(msg, codec) {
                     Ok((key, value)) => {
                         self.apply(key, value);
                     }
@@ -179,8 +177,7 @@ impl GlobalTable {
 
 fn decode(
     msg: &rdkafka::message::BorrowedMessage<'_>,
-    codec: &Codec,
-    runtime: &tokio::runtime::Handle,
+    codec: &BlockingCodec,
 ) -> Result<(AssetKey, Option<(AssetState, i64)>), String> {
     let key = msg
         .key()
@@ -190,8 +187,8 @@ fn decode(
     let Some(payload) = msg.payload() else {
         return Ok((key, None));
     };
-    let record: StateRecord = runtime
-        .block_on(codec.decode(SchemaName::AssetState, payload))
+    let record: StateRecord = codec
+        .decode(SchemaName::AssetState, payload)
         .map_err(|e| e.to_string())?;
     let (state, revision) = record.into_state()?;
     if state.asset_key != key {

@@ -11,12 +11,12 @@ use foldhash::{HashMap, HashMapExt};
 
 use sluice_core::state::Stale;
 use sluice_core::{AssetEvent, AssetKey, AssetState, FoldOutcome};
+use sluice_kit::changelog::Changelog;
 use sluice_kit::txn::{Input, Output, ProcessError, Processor};
 use sluice_kit::wire::StateRecord;
-use sluice_kit::{Codec, SchemaName};
+use sluice_kit::{BlockingCodec, SchemaName};
 
 use crate::metrics as m;
-use crate::restore::Restorer;
 
 /// An asset's state, its last published revision, and the partition it lives on.
 #[derive(Clone, Debug)]
@@ -27,52 +27,50 @@ pub struct Entry {
 }
 
 pub struct Fold {
-    codec: Codec,
-    runtime: tokio::runtime::Handle,
-    state_topic: String,
+    codec: BlockingCodec,
+    /// The asset-state changelog: where states are published and restored from.
+    states: Box<dyn Changelog>,
     committed: HashMap<AssetKey, Entry>,
     pending: HashMap<AssetKey, Entry>,
-    restorer: Restorer,
 }
 
 impl Fold {
-    pub fn new(
-        codec: Codec,
-        runtime: tokio::runtime::Handle,
-        state_topic: String,
-        restorer: Restorer,
-    ) -> Self {
+    pub fn new(codec: BlockingCodec, states: Box<dyn Changelog>) -> Self {
         Fold {
             codec,
-            runtime,
-            state_topic,
+            states,
             committed: HashMap::new(),
             pending: HashMap::new(),
-            restorer,
         }
     }
 
+    /// Assets held, committed.
     pub fn assets(&self) -> usize {
         self.committed.len()
     }
 
+    /// The committed state of `key`, if this instance owns it.
+    pub fn committed_state(&self, key: &str) -> Option<&Entry> {
+        self.committed.get(key)
+    }
+
     fn decode(&self, input: &Input<'_>) -> Result<AssetEvent, ProcessError> {
-        let payload = input.payload.ok_or_else(|| {
-            ProcessError::Poison("asset event without a value (tombstone)".into())
-        })?;
+        let payload = input
+            .payload
+            .ok_or_else(|| ProcessError::poison("asset event without a value (tombstone)"))?;
         let event: AssetEvent = self
-            .runtime
-            .block_on(self.codec.decode(SchemaName::AssetEvent, payload))
+            .codec
+            .decode(SchemaName::AssetEvent, payload)
             .map_err(|e| ProcessError::undecodable(&e))?;
         let key = input.key.map(String::from_utf8_lossy).unwrap_or_default();
         if key != event.asset_key.as_str() {
-            return Err(ProcessError::Poison(format!(
+            return Err(ProcessError::poison(format!(
                 "record key {key:?} is not the event's asset key {}",
                 event.asset_key
             )));
         }
         if !event.id_is_consistent() {
-            return Err(ProcessError::Poison(format!(
+            return Err(ProcessError::poison(format!(
                 "event_id {} is not the id derived from its fields",
                 event.event_id
             )));
@@ -86,11 +84,9 @@ impl Processor for Fold {
         let event = self.decode(input)?;
         let Fold {
             codec,
-            runtime,
-            state_topic,
+            states,
             committed,
             pending,
-            ..
         } = self;
         // The asset's state for this transaction: copied from `committed` once per
         // transaction, then folded in place.
@@ -116,7 +112,7 @@ impl Processor for Fold {
             FoldOutcome::Unchanged(why) => {
                 metrics::counter!(m::EVENTS_UNCHANGED_TOTAL, "reason" => why.as_str()).increment(1);
                 if why == Stale::WrongAsset {
-                    return Err(ProcessError::Fatal(format!(
+                    return Err(ProcessError::fatal(format!(
                         "state for {} received an event of another asset",
                         entry.state.asset_key
                     )));
@@ -128,32 +124,22 @@ impl Processor for Fold {
                 metrics::counter!(m::STATES_PUBLISHED_TOTAL).increment(1);
 
                 let record = StateRecord::new(&entry.state, entry.revision);
-                let bytes = runtime
-                    .block_on(codec.encode(SchemaName::AssetState, state_topic, &record))
-                    .map_err(|e| {
-                        if e.is_retriable() {
-                            ProcessError::Retriable(e.to_string())
-                        } else {
-                            ProcessError::Fatal(format!("a folded state does not encode: {e}"))
-                        }
-                    })?;
-                Ok(vec![Output {
-                    topic: state_topic.clone(),
-                    partition: None,
-                    key: event.asset_key.as_str().as_bytes().to_vec(),
-                    payload: Some(bytes),
-                    headers: Vec::new(),
-                }])
+                let bytes = codec
+                    .encode(SchemaName::AssetState, states.topic(), &record)
+                    .map_err(|e| ProcessError::unencodable("a folded state", &e))?;
+                Ok(vec![Output::keyed(
+                    states.topic(),
+                    event.asset_key.as_str(),
+                    bytes,
+                )])
             }
         }
     }
 
     fn assigned(&mut self, partitions: &[(String, i32)]) -> Result<(), ProcessError> {
         let parts: BTreeSet<i32> = partitions.iter().map(|(_, p)| *p).collect();
-        let restored = self
-            .restorer
-            .restore(&self.runtime, &self.codec, &parts)
-            .map_err(ProcessError::Retriable)?;
+        let restored = crate::restore::restore(self.states.as_ref(), &self.codec, &parts)
+            .map_err(ProcessError::retriable)?;
         tracing::info!(partitions = ?parts, assets = restored.len(), "restored asset-state");
         for (key, entry) in restored {
             self.committed.insert(key, entry);
@@ -176,5 +162,180 @@ impl Processor for Fold {
 
     fn aborted(&mut self) {
         self.pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fold's commit / abort bookkeeping without a broker: inputs are handed to
+    //! the processor as the loop would, restore reads an in-memory changelog.
+    use super::*;
+    use sluice_core::{EventSource, TableFormat};
+    use sluice_kit::changelog::MemoryChangelog;
+
+    const TOPIC: &str = "asset-state";
+
+    fn codec() -> BlockingCodec {
+        BlockingCodec::new(None).expect("single-object codec")
+    }
+
+    fn event_bytes(asset: &str, sequence: i64) -> Vec<u8> {
+        let e = AssetEvent::committed(
+            AssetKey::parse(asset).expect("key"),
+            TableFormat::Paimon,
+            sequence,
+            sequence,
+            1_000 * sequence,
+            EventSource::Push,
+        );
+        codec()
+            .encode(SchemaName::AssetEvent, "asset-events", &e)
+            .expect("encode")
+    }
+
+    fn process(fold: &mut Fold, asset: &str, sequence: i64) -> Result<Vec<Output>, ProcessError> {
+        let payload = event_bytes(asset, sequence);
+        fold.process(&Input {
+            topic: "asset-events",
+            partition: 0,
+            offset: sequence,
+            key: Some(asset.as_bytes()),
+            payload: Some(&payload),
+            timestamp_ms: None,
+            headers: Vec::new(),
+        })
+    }
+
+    fn published(out: &[Output]) -> (i64, i64) {
+        let payload = out[0].payload.as_deref().expect("a state, not a tombstone");
+        let record: StateRecord = codec()
+            .decode(SchemaName::AssetState, payload)
+            .expect("decode");
+        let (state, revision) = record.into_state().expect("state");
+        (state.latest.map_or(0, |c| c.sequence), revision)
+    }
+
+    fn fold_on(changelog: &MemoryChangelog) -> Fold {
+        let mut fold = Fold::new(codec(), Box::new(changelog.clone()));
+        fold.assigned(&[(TOPIC.into(), 0)]).expect("restore");
+        fold
+    }
+
+    #[test]
+    fn an_aborted_batch_is_forgotten_and_its_replay_publishes_the_same_revisions() {
+        let log = MemoryChangelog::new(TOPIC);
+        let mut fold = fold_on(&log);
+        let first = process(&mut fold, "lake.sales.a", 1).expect("fold");
+        assert_eq!(published(&first), (1, 1));
+        fold.committed();
+
+        // The next batch folds two commits, then aborts.
+        assert_eq!(
+            published(&process(&mut fold, "lake.sales.a", 2).expect("fold")),
+            (2, 2)
+        );
+        assert_eq!(
+            published(&process(&mut fold, "lake.sales.a", 3).expect("fold")),
+            (3, 3)
+        );
+        fold.aborted();
+        assert_eq!(
+            fold.committed_state("lake.sales.a").map(|e| e.revision),
+            Some(1)
+        );
+
+        // Replayed after the rewind: the same revisions, never one skipped.
+        assert_eq!(
+            published(&process(&mut fold, "lake.sales.a", 2).expect("fold")),
+            (2, 2)
+        );
+        assert_eq!(
+            published(&process(&mut fold, "lake.sales.a", 3).expect("fold")),
+            (3, 3)
+        );
+        fold.committed();
+        assert_eq!(
+            fold.committed_state("lake.sales.a").map(|e| e.revision),
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn a_restored_partition_continues_its_revisions_and_ignores_replayed_commits() {
+        let log = MemoryChangelog::new(TOPIC);
+        let mut fold = fold_on(&log);
+        for seq in 1..=2 {
+            let out = process(&mut fold, "lake.sales.a", seq).expect("fold");
+            fold.committed();
+            log.append(0, &out[0].key, out[0].payload.as_deref());
+        }
+        // Another instance takes the partition over: it restores from the changelog.
+        let mut next = fold_on(&log);
+        assert_eq!(next.assets(), 1);
+        assert!(
+            process(&mut next, "lake.sales.a", 2)
+                .expect("fold")
+                .is_empty(),
+            "a commit already folded changes nothing"
+        );
+        assert_eq!(
+            published(&process(&mut next, "lake.sales.a", 3).expect("fold")),
+            (3, 3)
+        );
+    }
+
+    #[test]
+    fn a_revoked_partition_leaves_memory_with_its_uncommitted_changes() {
+        let log = MemoryChangelog::new(TOPIC);
+        let mut fold = fold_on(&log);
+        process(&mut fold, "lake.sales.a", 1).expect("fold");
+        fold.committed();
+        process(&mut fold, "lake.sales.b", 1).expect("fold");
+        fold.revoked(&[(TOPIC.into(), 0)]);
+        fold.committed();
+        assert_eq!(fold.assets(), 0);
+    }
+
+    #[test]
+    fn bad_records_are_poison_and_change_nothing() {
+        let log = MemoryChangelog::new(TOPIC);
+        let mut fold = fold_on(&log);
+        let payload = event_bytes("lake.sales.a", 1);
+        let wrong_key = fold.process(&Input {
+            topic: "asset-events",
+            partition: 0,
+            offset: 0,
+            key: Some(b"lake.sales.b"),
+            payload: Some(&payload),
+            timestamp_ms: None,
+            headers: Vec::new(),
+        });
+        assert!(
+            matches!(wrong_key, Err(ProcessError::Poison(m)) if m.to_string().contains("lake.sales.b"))
+        );
+        let garbage = fold.process(&Input {
+            topic: "asset-events",
+            partition: 0,
+            offset: 1,
+            key: Some(b"lake.sales.a"),
+            payload: Some(b"not avro"),
+            timestamp_ms: None,
+            headers: Vec::new(),
+        });
+        assert!(matches!(garbage, Err(ProcessError::Poison(_))));
+        fold.committed();
+        assert_eq!(fold.assets(), 0);
+    }
+
+    #[test]
+    fn a_restore_that_cannot_decode_is_retried_not_skipped() {
+        let log = MemoryChangelog::new(TOPIC);
+        log.append(0, b"lake.sales.a", Some(b"garbage"));
+        let mut fold = Fold::new(codec(), Box::new(log));
+        let e = fold.assigned(&[(TOPIC.into(), 0)]);
+        assert!(
+            matches!(&e, Err(ProcessError::Retriable(m)) if m.to_string().contains("asset-state 0@0")),
+            "{e:?}"
+        );
     }
 }

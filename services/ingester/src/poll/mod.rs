@@ -27,7 +27,7 @@ use rdkafka::{ClientConfig, Message};
 use serde::Deserialize;
 use sluice_core::{AssetEvent, AssetKey, EventKind, EventSource, TableFormat};
 use sluice_kit::wire::StateRecord;
-use sluice_kit::{Codec, SchemaName, Shutdown};
+use sluice_kit::{BlockingCodec, SchemaName, Shutdown};
 
 use crate::metrics as m;
 use crate::sink::Sink;
@@ -103,7 +103,7 @@ pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
         }
         let path = s.path.to_string_lossy();
         if (path.starts_with("s3://") || path.starts_with("s3a://"))
-            && let Err(e) = object::split_url(&path)
+            && let Err(e) = object::locate(&path)
         {
             problems.push(format!("{at}: path: {e}"));
         } else if path.contains("://") && !path.starts_with("s3") {
@@ -184,8 +184,7 @@ impl Known {
         config: ClientConfig,
         topic: &str,
         wanted: &[AssetKey],
-        codec: &Codec,
-        runtime: &tokio::runtime::Handle,
+        codec: &BlockingCodec,
         stop: &AtomicBool,
     ) -> Result<(), String> {
         let wanted: std::collections::HashSet<&str> = wanted.iter().map(AssetKey::as_str).collect();
@@ -202,8 +201,7 @@ impl Known {
                 let Some(payload) = msg.payload().filter(|_| wanted.contains(key)) else {
                     return;
                 };
-                match runtime.block_on(codec.decode::<StateRecord>(SchemaName::AssetState, payload))
-                {
+                match codec.decode::<StateRecord>(SchemaName::AssetState, payload) {
                     Ok(r) => {
                         if let Some(latest) = r.latest {
                             self.advance(key, latest.sequence);

@@ -20,29 +20,29 @@ pub struct ObjectTree {
     runtime: tokio::runtime::Handle,
 }
 
-/// `s3://bucket/prefix` → (bucket, prefix), or why not.
-pub fn split_url(url: &str) -> Result<(String, String), String> {
-    let rest = url
-        .strip_prefix("s3://")
-        .or_else(|| url.strip_prefix("s3a://"))
-        .ok_or_else(|| format!("{url:?} is not an s3:// URL"))?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if bucket.is_empty() {
+/// The store and the prefix `s3://bucket/prefix` (or `s3a://`) names: the
+/// bucket as object_store reads it from the URL, the prefix from the URL's path.
+pub fn locate(url: &str) -> Result<(AmazonS3Builder, Key), String> {
+    let parsed = url::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
+    if !matches!(parsed.scheme(), "s3" | "s3a") {
+        return Err(format!("{url:?} is not an s3:// URL"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
         return Err(format!("{url:?} names no bucket"));
     }
-    Ok((bucket.to_owned(), prefix.trim_matches('/').to_owned()))
+    let prefix = Key::from_url_path(parsed.path()).map_err(|e| format!("{url:?}: {e}"))?;
+    // object_store takes the bucket from the host; `s3a` is Hadoop's name for s3.
+    let s3 = format!("s3://{}", parsed.host_str().unwrap_or_default());
+    Ok((AmazonS3Builder::from_env().with_url(s3), prefix))
 }
 
 impl ObjectTree {
     pub fn open(url: &str, runtime: tokio::runtime::Handle) -> Result<ObjectTree, String> {
-        let (bucket, prefix) = split_url(url)?;
-        let store = AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
-            .build()
-            .map_err(|e| format!("{url}: {e}"))?;
+        let (builder, root) = locate(url)?;
+        let store = builder.build().map_err(|e| format!("{url}: {e}"))?;
         Ok(ObjectTree {
             store: Arc::new(store),
-            root: Key::from(prefix),
+            root,
             url: url.trim_end_matches('/').to_owned(),
             runtime,
         })
@@ -130,12 +130,13 @@ mod tests {
 
     #[test]
     fn urls() {
-        assert_eq!(
-            split_url("s3://lake/warehouse/ods.db/t/"),
-            Ok(("lake".into(), "warehouse/ods.db/t".into()))
-        );
-        assert_eq!(split_url("s3a://lake"), Ok(("lake".into(), String::new())));
-        assert!(split_url("gs://lake/x").is_err());
-        assert!(split_url("s3:///x").is_err());
+        let (builder, prefix) = locate("s3://lake/warehouse/ods.db/t/").expect("s3");
+        assert_eq!(prefix.as_ref(), "warehouse/ods.db/t");
+        let store = builder.with_region("us-east-1").build().expect("store");
+        assert!(store.to_string().contains("lake"), "{store}");
+        let (_, prefix) = locate("s3a://lake").expect("s3a");
+        assert_eq!(prefix.as_ref(), "");
+        assert!(locate("gs://lake/x").is_err());
+        assert!(locate("s3:///x").is_err());
     }
 }

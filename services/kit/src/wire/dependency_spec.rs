@@ -291,7 +291,7 @@ fn predicate_from_wire(p: &WirePredicate) -> Result<Predicate, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Codec, SchemaName};
+    use crate::{BlockingCodec, SchemaName};
 
     const GOOD: &str = r#"{
         "id": "dwd-trade", "version": 1, "owner_project": "gmv",
@@ -307,15 +307,12 @@ mod tests {
     #[test]
     fn a_good_spec_round_trips_through_avro() {
         let spec = DependencySpec::from_json(GOOD).expect("valid");
-        let codec = Codec::new(None);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        let bytes = rt
-            .block_on(codec.encode(SchemaName::DependencySpec, "t", &WireSpec::from(&spec)))
+        let codec = BlockingCodec::new(None).expect("codec");
+        let bytes = codec
+            .encode(SchemaName::DependencySpec, "t", &WireSpec::from(&spec))
             .expect("encodes");
-        let wire: WireSpec = rt
-            .block_on(codec.decode(SchemaName::DependencySpec, &bytes))
+        let wire: WireSpec = codec
+            .decode(SchemaName::DependencySpec, &bytes)
             .expect("decodes");
         assert_eq!(wire.into_spec("dwd-trade").expect("valid"), spec);
     }
