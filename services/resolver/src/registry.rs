@@ -75,15 +75,7 @@ impl Registry {
                 ..Progress::default()
             },
         };
-        self.put(
-            id,
-            Owned {
-                spec: Arc::new(spec),
-                partition,
-                offset,
-                progress,
-            },
-        );
+        self.put_spec(spec, partition, offset, progress);
     }
 
     /// A deleted spec, in the open transaction: the partition its progress lives on.
@@ -95,18 +87,19 @@ impl Registry {
     /// A spec and its progress read by a restore (committed already): re-checked
     /// on the next pass.
     pub fn load(&mut self, spec: DependencySpec, partition: i32, offset: i64, progress: Progress) {
-        let id = spec.id.clone();
-        self.take(&id);
-        self.recheck.insert(id.clone());
-        self.put(
-            id,
-            Owned {
-                spec: Arc::new(spec),
-                partition,
-                offset,
-                progress,
-            },
-        );
+        self.take(&spec.id);
+        self.recheck.insert(spec.id.clone());
+        self.put_spec(spec, partition, offset, progress);
+    }
+
+    fn put_spec(&mut self, spec: DependencySpec, partition: i32, offset: i64, progress: Progress) {
+        let owned = Owned {
+            spec: Arc::new(spec),
+            partition,
+            offset,
+            progress,
+        };
+        self.put(owned.spec.id.clone(), owned);
     }
 
     /// Runs one evaluation step of `id` on its progress, in the open transaction.
