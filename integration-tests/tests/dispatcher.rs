@@ -355,6 +355,10 @@ fn trigger(n: usize, kind: WireTargetKind, target: &str) -> TriggerRecord {
         reason: "advanced".into(),
         first_commit_ms: 1_700_000_000_000,
         requested_ms: 1_700_000_000_100,
+        origin: sluice_kit::wire::TriggerOrigin::Data,
+        requested_by: None,
+        request_id: None,
+        rerun_of: None,
     }
 }
 
@@ -1446,6 +1450,10 @@ async fn a_job_that_moved_after_its_claim_is_not_sent() {
             requested_ms: 1_700_000_000_000,
             source_partition: 0,
             source_offset: n as i64,
+            origin: "data".into(),
+            requested_by: None,
+            request_id: None,
+            rerun_of: None,
         }
     };
     store::record_triggers(&run.pool, &[new(1), new(2)])

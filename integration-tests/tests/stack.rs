@@ -172,7 +172,13 @@ async fn bootstrap_creates_compacted_topics_compacted_and_is_idempotent() {
     }
     assert_eq!(
         compacted,
-        BTreeSet::from(["asset-state", "dependencies", "resolver-progress", "runs"])
+        BTreeSet::from([
+            "asset-state",
+            "dependencies",
+            "grants",
+            "resolver-progress",
+            "runs"
+        ])
     );
 }
 

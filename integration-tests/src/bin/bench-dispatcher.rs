@@ -44,6 +44,10 @@ fn new_trigger(series: u64, n: usize) -> NewTrigger {
         requested_ms: 1_700_000_000_100,
         source_partition: (n % 4) as i32,
         source_offset: n as i64,
+        origin: "data".into(),
+        requested_by: None,
+        request_id: None,
+        rerun_of: None,
     }
 }
 
@@ -68,6 +72,10 @@ fn trigger_record(n: usize) -> TriggerRecord {
         reason: "advanced".into(),
         first_commit_ms: 1_700_000_000_000,
         requested_ms: 1_700_000_000_100,
+        origin: sluice_kit::wire::TriggerOrigin::Data,
+        requested_by: None,
+        request_id: None,
+        rerun_of: None,
     }
 }
 

@@ -21,6 +21,7 @@ macro_rules! run_columns {
      t.inputs, (extract(epoch FROM t.first_commit_at) * 1000)::bigint AS first_commit_ms, \
      (extract(epoch FROM t.requested_at) * 1000)::bigint AS requested_ms, \
      (extract(epoch FROM t.recorded_at) * 1000)::bigint AS recorded_ms, \
+     t.origin, t.requested_by, t.request_id, t.rerun_of, \
      j.status, j.attempt, j.revision, j.invocation_id, j.external_id, j.reason AS status_reason, \
      (extract(epoch FROM j.updated_at) * 1000)::bigint AS updated_ms"
     };

@@ -37,6 +37,7 @@ pub const TOPICS: &[Topic] = &[
     Topic::ResolverProgress,
     Topic::Runs,
     Topic::Grants,
+    Topic::Triggers,
 ];
 
 #[derive(Clone, Debug)]
@@ -185,6 +186,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         codec: Arc::new(Codec::new(c.schema_registry_url.as_deref())),
         dependencies_topic: c.topics.name(Topic::Dependencies),
         grants_topic: c.topics.name(Topic::Grants),
+        triggers_topic: c.topics.name(Topic::Triggers),
         commits: Arc::new(commits::Commits {
             config: c.kafka.reader_config(&format!("{client_id}-commits")),
             topic: c.topics.name(Topic::AssetEvents),

@@ -14,7 +14,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use futures::Stream;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
@@ -32,6 +32,8 @@ use crate::db;
 use crate::jwt::Provider;
 use crate::view::{Tables, View};
 
+mod actions;
+
 /// Every route, as `openapi.json` documents it (a test holds the two together).
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/whoami"),
@@ -45,6 +47,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/dependencies/{id}"),
     ("get", "/v1/dependencies/{id}/explain"),
     ("get", "/v1/dependencies/{id}/triggers"),
+    ("post", "/v1/dependencies/{id}/pause"),
+    ("post", "/v1/dependencies/{id}/resume"),
+    ("post", "/v1/dependencies/{id}/runs"),
+    ("post", "/v1/runs/{trigger_key}/rerun"),
     ("get", "/v1/runs"),
     ("get", "/v1/runs/{trigger_key}"),
     ("get", "/v1/lineage"),
@@ -67,6 +73,8 @@ pub struct App {
     pub codec: Arc<Codec>,
     pub dependencies_topic: String,
     pub grants_topic: String,
+    /// Where manual runs and re-runs go, for the dispatcher to record once.
+    pub triggers_topic: String,
     pub commits: Arc<Commits>,
     pub max_page: usize,
 }
@@ -87,6 +95,16 @@ pub fn router(app: App) -> Router {
         )
         .route("/v1/dependencies/{id}/explain", get(explain_dependency))
         .route("/v1/dependencies/{id}/triggers", get(dependency_triggers))
+        .route(
+            "/v1/dependencies/{id}/pause",
+            post(actions::pause_dependency),
+        )
+        .route(
+            "/v1/dependencies/{id}/resume",
+            post(actions::resume_dependency),
+        )
+        .route("/v1/dependencies/{id}/runs", post(actions::run_dependency))
+        .route("/v1/runs/{trigger_key}/rerun", post(actions::rerun))
         .route("/v1/runs", get(list_runs))
         .route("/v1/runs/{trigger_key}", get(get_run))
         .route("/v1/lineage", get(lineage))

@@ -95,6 +95,7 @@ fn app_with(view: Arc<View>) -> App {
         codec: Arc::new(Codec::new(None)),
         dependencies_topic: "deps".into(),
         grants_topic: "grants".into(),
+        triggers_topic: "triggers".into(),
         commits: Arc::new(Commits {
             config: kafka.clone(),
             topic: "events".into(),
@@ -196,12 +197,14 @@ fn needs(method: &str, path: &str) -> &'static [&'static str] {
         "root",
     ];
     const GMV_EDITORS: &[&str] = &["gmv-editor", "gmv-operator", "gmv-admin", "root"];
+    const GMV_OPERATORS: &[&str] = &["gmv-operator", "gmv-admin", "root"];
     const ADMINS: &[&str] = &["gmv-admin", "root"];
     const ROOT: &[&str] = &["root"];
     match (method, path) {
         ("get", "/v1/audit") => ADMINS,
         ("put" | "delete", p) if p.starts_with("/v1/grants") => ROOT,
         ("put" | "delete", _) => GMV_EDITORS,
+        ("post", p) if p.starts_with("/v1/dependencies/{id}") => GMV_OPERATORS,
         (_, p) if p.starts_with("/v1/dependencies/{id}") => GMV_VIEWERS,
         // The run fixture does not exist: viewers get 404/503, never 403.
         _ => ANY,

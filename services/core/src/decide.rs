@@ -406,6 +406,7 @@ mod tests {
             mode: Mode::Snapshots,
             coalescing: Coalescing::default(),
             produces: None,
+            paused: false,
         }
     }
 

@@ -36,6 +36,10 @@ pub struct DependencySpec {
     /// The asset the target writes: an edge of the lineage graph, checked for cycles.
     #[serde(default)]
     pub produces: Option<AssetKey>,
+    /// Evaluated but fires nothing; resumed, it fires once for the newest
+    /// combination (its baselines did not move while paused).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

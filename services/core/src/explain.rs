@@ -39,6 +39,8 @@ pub struct Explanation {
     pub version: i64,
     pub mode: String,
     pub now_ms: i64,
+    /// Paused: `status` is what the evaluation says, but nothing fires until a resume.
+    pub paused: bool,
     pub status: Status,
     /// One line for people: the status and its reasons.
     pub summary: String,
@@ -99,6 +101,7 @@ pub fn explain<'s>(
         version: spec.version,
         mode: spec.mode.to_string(),
         now_ms,
+        paused: spec.paused,
         status: Status::Waiting,
         summary: String::new(),
         unmet: Vec::new(),
@@ -124,6 +127,14 @@ pub fn explain<'s>(
         Mode::Snapshots => snapshots(spec, progress, states, now_ms, &mut out),
         Mode::PerPartition => per_partition(spec, progress, states, now_ms, &mut out),
         Mode::Window { size_ms } => window(spec, progress, states, now_ms, size_ms, &mut out),
+    }
+    if spec.paused {
+        let withheld = if matches!(out.status, Status::Ready | Status::Pending) {
+            "; it would fire now and is withheld (a resume fires the newest combination once)"
+        } else {
+            ""
+        };
+        out.summary = format!("paused — {}{withheld}", out.summary);
     }
     out
 }
@@ -447,6 +458,7 @@ mod tests {
                         quiet_period_ms,
                     },
                     produces: None,
+                    paused: false,
                 }
             })
     }

@@ -36,6 +36,11 @@ pub enum TriggerBasis {
     Partition(String),
     /// Watermark alignment: one trigger per window, by its end (epoch ms).
     Window { end_ms: i64 },
+    /// Run now, asked by an operator: one trigger per request id, whatever the
+    /// inputs, so a retried request is one run and never collides with a data trigger.
+    Manual { request_id: String },
+    /// A re-run of the run `of`: one trigger per (original, request id).
+    Rerun { of: String, request_id: String },
 }
 
 /// The identity that PostgreSQL's unique constraint and every idempotency key use.
@@ -64,6 +69,12 @@ impl TriggerKey {
             }
             TriggerBasis::Window { end_ms } => {
                 c.str("window").i64(*end_ms);
+            }
+            TriggerBasis::Manual { request_id } => {
+                c.str("manual").str(request_id);
+            }
+            TriggerBasis::Rerun { of, request_id } => {
+                c.str("rerun").str(of).str(request_id);
             }
         }
         TriggerKey(format!("tk1-{}", c.hex(16)))
@@ -164,6 +175,30 @@ mod tests {
         assert_ne!(
             TriggerKey::derive("ab", "c", &TriggerBasis::Partition("x".into())),
             TriggerKey::derive("a", "bc", &TriggerBasis::Partition("x".into()))
+        );
+        let manual = |id: &str| TriggerBasis::Manual {
+            request_id: id.into(),
+        };
+        assert_eq!(
+            TriggerKey::derive("t", "g", &manual("r1")),
+            TriggerKey::derive("t", "g", &manual("r1")),
+            "a retried request is the same trigger"
+        );
+        assert_ne!(
+            TriggerKey::derive("t", "g", &manual("r1")),
+            TriggerKey::derive("t", "g", &TriggerBasis::Partition("r1".into())),
+            "a manual run never collides with a data trigger"
+        );
+        assert_ne!(
+            TriggerKey::derive("t", "g", &manual("r1")),
+            TriggerKey::derive(
+                "t",
+                "g",
+                &TriggerBasis::Rerun {
+                    of: String::new(),
+                    request_id: "r1".into()
+                }
+            )
         );
         assert_ne!(
             TriggerKey::derive("t", "g", &TriggerBasis::Partition("1".into())),

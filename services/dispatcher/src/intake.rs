@@ -77,6 +77,10 @@ fn to_row(msg: &BorrowedMessage<'_>, t: TriggerRecord) -> Result<NewTrigger, Str
         requested_ms: t.requested_ms,
         source_partition: msg.partition(),
         source_offset: msg.offset(),
+        origin: t.origin.as_str().to_owned(),
+        requested_by: t.requested_by,
+        request_id: t.request_id,
+        rerun_of: t.rerun_of,
     })
 }
 

@@ -31,6 +31,11 @@ pub struct NewTrigger {
     pub requested_ms: i64,
     pub source_partition: i32,
     pub source_offset: i64,
+    /// `data`, `manual` or `rerun`.
+    pub origin: String,
+    pub requested_by: Option<String>,
+    pub request_id: Option<String>,
+    pub rerun_of: Option<String>,
 }
 
 /// Inserts a batch in one statement; only keys never seen before create a job.
@@ -49,19 +54,22 @@ pub async fn record_triggers(pool: &PgPool, batch: &[NewTrigger]) -> sqlx::Resul
 WITH input AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],
                          $7::text[], $8::text[], $9::bigint[], $10::text[], $11::bigint[], $12::bigint[],
-                         $13::int[], $14::bigint[])
+                         $13::int[], $14::bigint[], $15::text[], $16::text[], $17::text[], $18::text[])
       AS t(trigger_key, dependency_id, dependency_version, target_kind, target_name, target_parameters,
            inputs, partition_value, window_end_ms, reason, first_commit_ms, requested_ms,
-           source_partition, source_offset)
+           source_partition, source_offset, origin, requested_by, request_id, rerun_of)
 ), new AS (
     INSERT INTO trigger_history (trigger_key, dependency_id, dependency_version, target_kind, target_name,
                                  target_parameters, inputs, partition_value, window_end_ms, reason,
-                                 first_commit_at, requested_at, source_partition, source_offset)
-    SELECT DISTINCT ON (trigger_key) trigger_key, dependency_id, dependency_version, target_kind, target_name,
-           target_parameters::jsonb, inputs::jsonb, partition_value, window_end_ms, reason,
-           to_timestamp(first_commit_ms / 1000.0), to_timestamp(requested_ms / 1000.0),
-           source_partition, source_offset
-    FROM input ORDER BY trigger_key, source_offset
+                                 first_commit_at, requested_at, source_partition, source_offset,
+                                 origin, requested_by, request_id, rerun_of)
+    SELECT DISTINCT ON (i.trigger_key) i.trigger_key, i.dependency_id, i.dependency_version, i.target_kind,
+           i.target_name, i.target_parameters::jsonb, i.inputs::jsonb, i.partition_value, i.window_end_ms,
+           i.reason, to_timestamp(i.first_commit_ms / 1000.0), to_timestamp(i.requested_ms / 1000.0),
+           i.source_partition, i.source_offset, i.origin, i.requested_by, i.request_id,
+           -- a re-run of a run this database never saw is recorded without the link
+           (SELECT h.trigger_key FROM trigger_history h WHERE h.trigger_key = i.rerun_of)
+    FROM input i ORDER BY i.trigger_key, i.source_offset
     ON CONFLICT (trigger_key) DO NOTHING
     RETURNING trigger_key, dependency_id, target_kind, target_name
 )
@@ -83,6 +91,10 @@ RETURNING trigger_key"#,
     .bind(col!(requested_ms))
     .bind(col!(source_partition))
     .bind(col!(source_offset))
+    .bind(col!(origin))
+    .bind(col!(requested_by))
+    .bind(col!(request_id))
+    .bind(col!(rerun_of))
     .fetch_all(pool)
     .await
 }

@@ -424,6 +424,17 @@ fn decode_single_object<T: DeserializeOwned>(
     }
     let expected = fingerprint(name);
     if bytes[2..10] != expected {
+        // Written under an earlier version of the schema: read with that one,
+        // resolved into the current one (new fields take their defaults).
+        if let Some(writer) = name.earlier(&bytes[2..10]) {
+            let value = decode_datum(writer, &bytes[10..], name.file_stem())?
+                .resolve(name.schema())
+                .map_err(|e| CodecError::Shape {
+                    schema: name.file_stem(),
+                    message: e.to_string(),
+                })?;
+            return from_avro(name, &value);
+        }
         return Err(CodecError::UnknownFingerprint {
             found: hex(&bytes[2..10]),
             expected: hex(&expected),

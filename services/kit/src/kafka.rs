@@ -170,7 +170,11 @@ pub struct ReaderContext;
 
 impl rdkafka::ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(error, KafkaError::PartitionEOF(_)) {
+        if matches!(
+            error,
+            KafkaError::PartitionEOF(_)
+                | KafkaError::Global(rdkafka::types::RDKafkaErrorCode::PartitionEOF)
+        ) {
             tracing::debug!(reason, "end of partition");
         } else {
             tracing::error!(error = %error, reason, "librdkafka error");

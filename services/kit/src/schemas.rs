@@ -61,6 +61,48 @@ impl SchemaName {
         }
     }
 
+    /// The earlier versions of this schema (`schemas/history/<stem>.<n>.avsc`),
+    /// oldest first: a record written under one of them is still read, its new
+    /// fields taking their defaults. A schema change copies the current file
+    /// there before editing it, and may only add fields with defaults.
+    pub fn history(self) -> &'static [&'static str] {
+        match self {
+            SchemaName::DependencySpec => &[include_str!(
+                "../../../schemas/history/dependency-spec.1.avsc"
+            )],
+            SchemaName::TriggerRequest => &[include_str!(
+                "../../../schemas/history/trigger-request.1.avsc"
+            )],
+            _ => &[],
+        }
+    }
+
+    /// An earlier version of this schema by its single-object fingerprint.
+    pub fn earlier(self, fingerprint: &[u8]) -> Option<&'static Schema> {
+        static PARSED: OnceLock<Vec<Vec<(Schema, [u8; 8])>>> = OnceLock::new();
+        let all = PARSED.get_or_init(|| {
+            SchemaName::ALL
+                .iter()
+                .map(|n| {
+                    n.history()
+                        .iter()
+                        .map(|src| {
+                            let schema = Schema::parse_str(src).unwrap_or_else(|e| {
+                                panic!("schemas/history of {}: {e}", n.file_stem())
+                            });
+                            let fp = fingerprint_of(&schema);
+                            (schema, fp)
+                        })
+                        .collect()
+                })
+                .collect()
+        });
+        all[self.index()]
+            .iter()
+            .find(|(_, fp)| fp[..] == *fingerprint)
+            .map(|(s, _)| s)
+    }
+
     /// The parsed schema. The files are part of the build and covered by tests, so a
     /// parse failure is a bug in this repository, not bad input: it panics at start.
     pub fn schema(self) -> &'static Schema {
@@ -109,16 +151,19 @@ impl SchemaName {
                         writer: GenericDatumWriter::builder(schema)
                             .build()
                             .unwrap_or_else(|e| fail(e)),
-                        fingerprint: {
-                            let fp = schema.fingerprint::<apache_avro::rabin::Rabin>();
-                            let mut out = [0u8; 8];
-                            out.copy_from_slice(&fp.bytes[..8]);
-                            out
-                        },
+                        fingerprint: fingerprint_of(schema),
                     }
                 })
                 .collect()
         });
         &all[self.index()]
     }
+}
+
+/// CRC-64-AVRO (Rabin) of the canonical form, 8 bytes little-endian.
+fn fingerprint_of(schema: &Schema) -> [u8; 8] {
+    let fp = schema.fingerprint::<apache_avro::rabin::Rabin>();
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&fp.bytes[..8]);
+    out
 }

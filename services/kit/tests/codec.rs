@@ -296,3 +296,51 @@ proptest! {
         prop_assert!(r.is_err() || with_header);
     }
 }
+
+/// A record written before a schema gained fields (by a Sluice of the previous
+/// version, still on the compacted topic) is read, the new fields at their defaults.
+#[test]
+fn a_record_written_under_an_earlier_schema_is_read_with_the_new_defaults() {
+    use sluice_kit::wire::{TriggerOrigin, TriggerRecord, WireSpec};
+    fn written_under_earlier(name: SchemaName) -> Vec<u8> {
+        let old = Schema::parse_str(name.history()[0]).expect("history parses");
+        let mut names = BTreeMap::new();
+        named_types(&old, &mut names);
+        let mut json = example(name);
+        let current: Vec<String> = match &old {
+            Schema::Record(r) => r.fields.iter().map(|f| f.name.clone()).collect(),
+            _ => panic!("a record schema"),
+        };
+        json.as_object_mut()
+            .expect("object")
+            .retain(|k, _| current.contains(k));
+        let value = json_to_avro(&json, &old, &names).expect("fits the old schema");
+        let mut bytes = codec::SINGLE_OBJECT_MAGIC.to_vec();
+        let fp = old.fingerprint::<apache_avro::rabin::Rabin>();
+        bytes.extend_from_slice(&fp.bytes[..8]);
+        bytes.extend(codec::encode_datum(&old, value, name.file_stem()).expect("encodes"));
+        bytes
+    }
+    let c = sluice_kit::BlockingCodec::new(None).expect("codec");
+    let spec: WireSpec = c
+        .decode(
+            SchemaName::DependencySpec,
+            &written_under_earlier(SchemaName::DependencySpec),
+        )
+        .expect("an earlier spec decodes");
+    assert!(!spec.paused);
+    let t: TriggerRecord = c
+        .decode(
+            SchemaName::TriggerRequest,
+            &written_under_earlier(SchemaName::TriggerRequest),
+        )
+        .expect("an earlier trigger decodes");
+    assert_eq!((t.origin, t.rerun_of), (TriggerOrigin::Data, None));
+    // A fingerprint of no version at all is still refused.
+    let mut unknown = written_under_earlier(SchemaName::DependencySpec);
+    unknown[2] ^= 0xff;
+    assert!(matches!(
+        c.decode::<WireSpec>(SchemaName::DependencySpec, &unknown),
+        Err(CodecError::UnknownFingerprint { .. })
+    ));
+}

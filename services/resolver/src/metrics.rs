@@ -5,6 +5,7 @@ pub const TRIGGERS_TOTAL: &str = "sluice_resolver_triggers_total";
 pub const SUPPRESSED_TOTAL: &str = "sluice_resolver_duplicates_suppressed_total";
 pub const SPECS_REFUSED_TOTAL: &str = "sluice_resolver_specs_refused_total";
 pub const WITHHELD_BY_GRANTS_TOTAL: &str = "sluice_resolver_withheld_by_grants_total";
+pub const WITHHELD_BY_PAUSE_TOTAL: &str = "sluice_resolver_withheld_by_pause_total";
 pub const DEPENDENCIES: &str = "sluice_resolver_dependencies";
 pub const TABLE_RESTORE_SECONDS: &str = "sluice_resolver_table_restore_seconds";
 pub const TABLE_UNREADABLE_TOTAL: &str = "sluice_resolver_table_unreadable_total";
@@ -26,6 +27,10 @@ pub fn describe() {
     metrics::describe_counter!(
         WITHHELD_BY_GRANTS_TOTAL,
         "Evaluations skipped because no grant lets the dependency's project read an input or trigger its target"
+    );
+    metrics::describe_counter!(
+        WITHHELD_BY_PAUSE_TOTAL,
+        "Triggers a paused dependency would have fired (withheld; a resume fires the newest once)"
     );
     metrics::describe_gauge!(DEPENDENCIES, "Dependencies owned by this instance");
     metrics::describe_histogram!(

@@ -146,6 +146,19 @@ impl Resolve {
                 }
                 self.withheld.remove(id);
                 metrics::counter!(m::EVALUATIONS_TOTAL).increment(1);
+                if owned.spec.paused {
+                    // Judged on a copy: what it would fire is counted, its progress
+                    // (baselines, timers) does not move, so a resume fires once, for
+                    // the newest combination.
+                    let mut would = owned.progress.clone();
+                    let outcome = decide::step(&owned.spec, &mut would, &lookup, now, *cause);
+                    if !outcome.fires.is_empty() {
+                        metrics::counter!(m::WITHHELD_BY_PAUSE_TOTAL)
+                            .increment(outcome.fires.len() as u64);
+                        tracing::debug!(dependency = %id, withheld = outcome.fires.len(), "paused: trigger withheld");
+                    }
+                    continue;
+                }
                 let Some(outcome) = self.registry.step(id, |spec, progress| {
                     let outcome = decide::step(spec, progress, &lookup, now, *cause);
                     let records: Vec<_> = outcome

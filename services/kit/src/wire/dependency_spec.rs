@@ -24,6 +24,7 @@ pub struct WireSpec {
     pub produces: Option<String>,
     pub mode: WireMode,
     pub window_ms: i64,
+    pub paused: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -103,6 +104,7 @@ impl From<&DependencySpec> for WireSpec {
             produces: s.produces.as_ref().map(|p| p.as_str().to_owned()),
             mode,
             window_ms,
+            paused: s.paused,
         }
     }
 }
@@ -202,6 +204,7 @@ impl WireSpec {
                 quiet_period_ms: w.quiet_period_ms,
             },
             produces,
+            paused: w.paused,
         };
         spec.validate()?;
         Ok(spec)

@@ -21,7 +21,7 @@ pub use dependency_spec::WireSpec;
 pub use grant::WireGrant;
 pub use resolver_progress::{InputBaseline, ProgressRecord};
 pub use run_status::RunRecord;
-pub use trigger_request::{TriggerInput, TriggerRecord, TriggerTarget};
+pub use trigger_request::{TriggerInput, TriggerOrigin, TriggerRecord, TriggerTarget};
 
 /// The kind of a trigger's target (`TargetKind` in the schemas).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

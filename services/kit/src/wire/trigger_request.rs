@@ -22,6 +22,34 @@ pub struct TriggerRecord {
     pub reason: String,
     pub first_commit_ms: i64,
     pub requested_ms: i64,
+    pub origin: TriggerOrigin,
+    /// The principal who asked (a manual run, a re-run).
+    pub requested_by: Option<String>,
+    pub request_id: Option<String>,
+    /// The trigger_key this one re-runs.
+    pub rerun_of: Option<String>,
+}
+
+/// Why a trigger exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename = "TriggerOrigin", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TriggerOrigin {
+    /// The dependency's condition held on new data.
+    Data,
+    /// Run now, asked by an operator.
+    Manual,
+    /// A re-run of an earlier run.
+    Rerun,
+}
+
+impl TriggerOrigin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerOrigin::Data => "data",
+            TriggerOrigin::Manual => "manual",
+            TriggerOrigin::Rerun => "rerun",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,6 +96,10 @@ impl TriggerRecord {
             reason: fire.reason.clone(),
             first_commit_ms: fire.first_commit_ms,
             requested_ms: fire.requested_ms,
+            origin: TriggerOrigin::Data,
+            requested_by: None,
+            request_id: None,
+            rerun_of: None,
         }
     }
 }

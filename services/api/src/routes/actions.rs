@@ -1,0 +1,377 @@
+//! Operator actions: pause / resume a dependency, run it now, re-run a run.
+//!
+//! Each keeps the exactly-once rules. Pause is part of the declared state (a
+//! new version of the spec on the dependencies topic), so it survives restarts
+//! and every resolver sees it. A manual run and a re-run are trigger requests
+//! whose key has a basis of its own (`manual` / `rerun` with the caller's request
+//! id): a retried request derives the same key, which the dispatcher records once,
+//! and no such key can equal a data trigger's.
+
+use serde::Deserialize;
+use sluice_core::trigger::{TriggerBasis, TriggerKey};
+use sluice_kit::wire::{TriggerInput, TriggerOrigin, TriggerRecord, TriggerTarget, WireTargetKind};
+
+use super::*;
+
+/// The body of an action (optional: `{}` or nothing for pause / resume).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    /// The caller's id of this request; the `Idempotency-Key` header works too.
+    request_id: Option<String>,
+    /// Why, for the audit log and the run's reason.
+    reason: Option<String>,
+}
+
+fn action_body(body: &Bytes, headers: &HeaderMap) -> Result<ActionBody, ApiError> {
+    let mut b: ActionBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ActionBody::default()
+    } else {
+        serde_json::from_slice(body).map_err(|e| bad(format!("the body: {e}")))?
+    };
+    if b.request_id.is_none()
+        && let Some(v) = headers.get("idempotency-key")
+    {
+        let v = v.to_str().map_err(|_| bad("Idempotency-Key is not text"))?;
+        b.request_id = Some(v.to_owned());
+    }
+    if let Some(id) = &b.request_id
+        && (id.is_empty() || id.len() > 200 || id.chars().any(char::is_control))
+    {
+        return Err(bad("request_id must be 1 to 200 printable characters"));
+    }
+    Ok(b)
+}
+
+impl ActionBody {
+    fn request_id(&self) -> Result<&str, ApiError> {
+        self.request_id.as_deref().ok_or_else(|| {
+            bad(
+                "a request_id is required (in the body or as Idempotency-Key): \
+                 a retried request with the same id is the same run",
+            )
+        })
+    }
+}
+
+/// The accepted spec of `id`, for an action by `p` needing `role`.
+fn spec_for(app: &App, p: &Principal, id: &str, role: Role) -> Result<DependencySpec, ApiError> {
+    let mut t = app.view.write();
+    forbidden_or_missing(p, &t, id)?;
+    if let Some(why) = t.refusal(id) {
+        return Err(err(
+            StatusCode::CONFLICT,
+            "refused",
+            format!("{id:?} is not in force: {why}"),
+        ));
+    }
+    let spec = t
+        .specs
+        .get(id)
+        .and_then(|e| e.spec.as_ref().ok())
+        .cloned()
+        .ok_or_else(|| not_found(format!("no dependency {id:?}")))?;
+    if !p.may(role, &spec.owner_project) {
+        return Err(forbidden(p.lacks(role, &spec.owner_project)));
+    }
+    Ok(spec)
+}
+
+pub(super) async fn pause_dependency(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    set_paused(app, headers, id, q, body, true).await
+}
+
+pub(super) async fn resume_dependency(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    set_paused(app, headers, id, q, body, false).await
+}
+
+async fn set_paused(
+    app: App,
+    headers: HeaderMap,
+    id: String,
+    q: HashMap<String, String>,
+    body: Bytes,
+    paused: bool,
+) -> Answer {
+    let p = app.principal(&headers).await?;
+    app.ready()?;
+    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
+    let body = action_body(&body, &headers)?;
+    let current = spec_for(&app, &p, &id, Role::Operator)?;
+    check_if_match(&headers, Some(&current))?;
+    if current.paused == paused {
+        return ok(
+            json!({"id": id, "paused": paused, "changed": false, "version": current.version}),
+        );
+    }
+    let mut next = current.clone();
+    next.paused = paused;
+    next.version += 1;
+    if dry_run {
+        return ok(
+            json!({"id": id, "paused": paused, "changed": true, "version": next.version, "dry_run": true}),
+        );
+    }
+    app.publish_spec(&id, Some(&next)).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: if paused {
+                "dependency.pause"
+            } else {
+                "dependency.resume"
+            },
+            resource: &format!("dependencies/{id}"),
+            project: &next.owner_project,
+            before: Some(json!({"paused": current.paused, "version": current.version})),
+            after: Some(json!({"paused": paused, "version": next.version, "reason": body.reason})),
+        },
+    )
+    .await?;
+    ok(json!({"id": id, "paused": paused, "changed": true, "version": next.version}))
+}
+
+/// Run now: one trigger of the dependency with its inputs' current snapshots,
+/// whether or not its condition holds (and whether or not it is paused: the
+/// operator asked).
+pub(super) async fn run_dependency(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    let p = app.principal(&headers).await?;
+    app.ready()?;
+    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
+    let body = action_body(&body, &headers)?;
+    let spec = spec_for(&app, &p, &id, Role::Operator)?;
+    let request_id = body.request_id()?.to_owned();
+    let now = sluice_kit::clock::now_ms();
+    let (inputs, newest_commit) = {
+        let t = app.view.read();
+        let mut newest = None::<i64>;
+        let inputs: Vec<TriggerInput> = spec
+            .inputs()
+            .iter()
+            .filter_map(|a| {
+                let (state, _) = t.assets.get(a)?;
+                let c = state.latest_data.as_ref().or(state.latest.as_ref())?;
+                newest = newest.max(Some(c.commit_time_ms));
+                Some(TriggerInput {
+                    asset_key: a.as_str().to_owned(),
+                    snapshot_id: c.snapshot_id,
+                    sequence: c.sequence,
+                    watermark_ms: state.watermark_ms,
+                })
+            })
+            .collect();
+        (inputs, newest)
+    };
+    let key = TriggerKey::derive(
+        &spec.target.identity(),
+        &spec.id,
+        &TriggerBasis::Manual {
+            request_id: request_id.clone(),
+        },
+    );
+    let record = TriggerRecord {
+        trigger_key: key.as_str().to_owned(),
+        dependency_id: spec.id.clone(),
+        dependency_version: spec.version,
+        target: TriggerTarget {
+            kind: spec.target.kind.into(),
+            name: spec.target.name.clone(),
+            parameters: spec.target.parameters.clone(),
+        },
+        inputs,
+        partition: None,
+        window_end_ms: None,
+        reason: format!(
+            "run now by {}: {}",
+            p.name,
+            body.reason.as_deref().unwrap_or("no reason given")
+        ),
+        first_commit_ms: newest_commit.unwrap_or(now),
+        requested_ms: now,
+        origin: TriggerOrigin::Manual,
+        requested_by: Some(p.name.clone()),
+        request_id: Some(request_id),
+        rerun_of: None,
+    };
+    if dry_run {
+        return ok(json!({"dry_run": true, "trigger": record}));
+    }
+    app.publish_trigger(&record).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: "dependency.run",
+            resource: &format!("dependencies/{id}"),
+            project: &spec.owner_project,
+            before: None,
+            after: serde_json::to_value(&record).ok(),
+        },
+    )
+    .await?;
+    accepted(&record)
+}
+
+/// Re-run: a new run of a FAILED or SUCCEEDED run's inputs, linked to it.
+pub(super) async fn rerun(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(of): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    let p = app.principal(&headers).await?;
+    app.ready()?;
+    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
+    let body = action_body(&body, &headers)?;
+    let Some(original) = db::run(&app.pool, &of).await? else {
+        return Err(not_found(format!("no run {of:?}")));
+    };
+    let text = |k: &str| original.get(k).and_then(Value::as_str).map(str::to_owned);
+    let dependency = text("dependency_id").unwrap_or_default();
+    // A deleted dependency's runs are an admin's to repeat.
+    let project = owner_of(&app.view.read(), &dependency).unwrap_or_else(|| "*".into());
+    if !p.may(Role::Operator, &project) {
+        return Err(forbidden(p.lacks(Role::Operator, &project)));
+    }
+    let request_id = body.request_id()?.to_owned();
+    let status = text("status").unwrap_or_default();
+    if !matches!(status.as_str(), "FAILED" | "SUCCEEDED") {
+        return Err(err(
+            StatusCode::CONFLICT,
+            "not_finished",
+            format!(
+                "only a FAILED or SUCCEEDED run is re-run; {of} is {status} \
+                 (an UNKNOWN one is settled first)"
+            ),
+        ));
+    }
+    let kind: WireTargetKind =
+        serde_json::from_value(original.get("target_kind").cloned().unwrap_or_default())
+            .map_err(|e| unavailable(format!("the run's target kind: {e}")))?;
+    let target = TriggerTarget {
+        kind,
+        name: text("target_name").unwrap_or_default(),
+        parameters: serde_json::from_value(
+            original
+                .get("target_parameters")
+                .cloned()
+                .unwrap_or_else(|| json!({})),
+        )
+        .map_err(|e| unavailable(format!("the run's target parameters: {e}")))?,
+    };
+    let inputs = original
+        .get("inputs")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|i| TriggerInput {
+                    asset_key: i["asset"].as_str().unwrap_or_default().to_owned(),
+                    snapshot_id: i["snapshot_id"].as_i64().unwrap_or_default(),
+                    sequence: i["sequence"].as_i64().unwrap_or_default(),
+                    watermark_ms: i["watermark_ms"].as_i64(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let identity = format!(
+        "{}:{}",
+        sluice_core::dependency::TargetKind::from(kind).as_str(),
+        target.name
+    );
+    let key = TriggerKey::derive(
+        &identity,
+        &dependency,
+        &TriggerBasis::Rerun {
+            of: of.clone(),
+            request_id: request_id.clone(),
+        },
+    );
+    let now = sluice_kit::clock::now_ms();
+    let record = TriggerRecord {
+        trigger_key: key.as_str().to_owned(),
+        dependency_id: dependency,
+        dependency_version: original["dependency_version"].as_i64().unwrap_or_default(),
+        target,
+        inputs,
+        partition: text("partition"),
+        window_end_ms: original["window_end_ms"].as_i64(),
+        reason: format!(
+            "re-run of {of} by {}: {}",
+            p.name,
+            body.reason.as_deref().unwrap_or("no reason given")
+        ),
+        first_commit_ms: original["first_commit_ms"].as_i64().unwrap_or(now),
+        requested_ms: now,
+        origin: TriggerOrigin::Rerun,
+        requested_by: Some(p.name.clone()),
+        request_id: Some(request_id),
+        rerun_of: Some(of.clone()),
+    };
+    if dry_run {
+        return ok(json!({"dry_run": true, "trigger": record}));
+    }
+    app.publish_trigger(&record).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: "run.rerun",
+            resource: &format!("runs/{of}"),
+            project: &project,
+            before: None,
+            after: serde_json::to_value(&record).ok(),
+        },
+    )
+    .await?;
+    accepted(&record)
+}
+
+/// 202: the trigger is on its way; the run appears under its key.
+fn accepted(record: &TriggerRecord) -> Answer {
+    let key = &record.trigger_key;
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(json!({
+            "trigger_key": key,
+            "origin": record.origin.as_str(),
+            "request_id": record.request_id,
+            "rerun_of": record.rerun_of,
+            "run": format!("/v1/runs/{key}"),
+        })),
+    )
+        .into_response())
+}
+
+impl App {
+    /// Publishes a trigger request for the dispatcher (which records each key once).
+    async fn publish_trigger(&self, record: &TriggerRecord) -> Result<(), ApiError> {
+        let payload = self
+            .codec
+            .encode(SchemaName::TriggerRequest, &self.triggers_topic, record)
+            .await
+            .map_err(|e| unavailable(format!("encoding the trigger: {e}")))?;
+        self.publish(&self.triggers_topic, &record.trigger_key, Some(payload))
+            .await?;
+        Ok(())
+    }
+}
