@@ -79,7 +79,9 @@ impl SchemaName {
 
     /// An earlier version of this schema by its single-object fingerprint.
     pub fn earlier(self, fingerprint: &[u8]) -> Option<&'static Schema> {
-        static PARSED: OnceLock<Vec<Vec<(Schema, [u8; 8])>>> = OnceLock::new();
+        /// Per schema name: each earlier version with its fingerprint.
+        type Versions = Vec<(Schema, [u8; 8])>;
+        static PARSED: OnceLock<Vec<Versions>> = OnceLock::new();
         let all = PARSED.get_or_init(|| {
             SchemaName::ALL
                 .iter()
