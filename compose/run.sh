@@ -127,6 +127,16 @@ wait "$WATCH" 2>/dev/null || true
 if ((status != 0)); then say "the cascade did not complete; service logs in $LOGS"; exit "$status"; fi
 say "the cascade ran on snapshot advancement alone"
 
+# What an operator sees next, from the CLI over the API (SLUICE_API_URL / _TOKEN are set above).
+SLUICE="$REPO/target/debug/sluice"
+for cmd in "get deps" "explain dwd_trade_event_fact" "get runs"; do
+  printf '\n$ sluice %s\n' "$cmd"
+  # shellcheck disable=SC2086 # the words of the command
+  "$SLUICE" $cmd || status=$?
+done
+if ((status != 0)); then say "the CLI could not read the API; its log: $LOGS/api.log"; exit "$status"; fi
+printf '\ntry: export SLUICE_API_URL=%s SLUICE_API_TOKEN=%s; target/debug/sluice --help\n' "$SLUICE_API_URL" "$API_TOKEN"
+
 if [[ $mode == --check ]]; then exit 0; fi
 say "still running (push commits as shown above, watch with: target/debug/sluice watch); Ctrl-C to stop"
 while true; do

@@ -50,6 +50,27 @@ impl Pipeline {
             .push((key.to_owned(), value.into()));
     }
 
+    fn log_path(&self, service: &str) -> std::path::PathBuf {
+        log_path(&self.names.prefix, service)
+    }
+
+    /// The service's log file, appended to across restarts.
+    fn log_file(&self, service: &str) -> std::io::Result<std::fs::File> {
+        let path = self.log_path(service);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    }
+
+    /// The last `lines` WARN / ERROR lines of every service's log.
+    pub fn log_tails(&self, lines: usize) -> String {
+        log_tails(&self.names.prefix, lines)
+    }
+
     pub fn push_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1/commits", self.http_port)
     }
@@ -83,13 +104,15 @@ impl Pipeline {
             )
             .env(
                 "SLUICE_LOG",
-                std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "info".into()),
             )
-            // Services log to stdout: shown only when SLUICE_TEST_SERVICE_LOG asks for logs.
+            // Services log to stdout: shown when SLUICE_TEST_SERVICE_LOG asks for
+            // logs, else kept in a file per service for `log_tails` (a failure's story).
             .stdout(if std::env::var_os("SLUICE_TEST_SERVICE_LOG").is_some() {
                 Stdio::inherit()
             } else {
-                Stdio::null()
+                self.log_file(service)
+                    .map_or_else(|_| Stdio::null(), Stdio::from)
             })
             .stderr(Stdio::inherit());
         for (k, v) in self.env.get(service).into_iter().flatten() {
@@ -176,4 +199,41 @@ impl Drop for Pipeline {
             let _ = c.wait();
         }
     }
+}
+
+fn log_path(prefix: &str, service: &str) -> std::path::PathBuf {
+    std::env::temp_dir()
+        .join("sluice-test-logs")
+        .join(format!("{prefix}{service}.log"))
+}
+
+/// The last `lines` WARN / ERROR lines of every service's log of the run with
+/// topic prefix `prefix` (librdkafka's reconnect noise left out), for a test to
+/// print when it fails.
+pub fn log_tails(prefix: &str, lines: usize) -> String {
+    let mut out = String::new();
+    for service in SERVICES.iter().chain(&["api"]) {
+        let Ok(text) = std::fs::read_to_string(log_path(prefix, service)) else {
+            continue;
+        };
+        let picked: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                (l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("rebuilt"))
+                    && !l.contains("librdkafka")
+                    && !l.contains("read error")
+                    && !l.contains("consume error")
+            })
+            .collect();
+        let from = picked.len().saturating_sub(lines);
+        out.push_str(&format!(
+            "--- sluice-{service} ({}):\n",
+            log_path(prefix, service).display()
+        ));
+        for l in &picked[from..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
 }

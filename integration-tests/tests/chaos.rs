@@ -225,6 +225,7 @@ async fn drive(
     url: &str,
     database_url: &str,
     received: &Shared,
+    logs_of: &str,
     mut before: impl AsyncFnMut(i64),
 ) -> Report {
     let client = reqwest::Client::new();
@@ -293,7 +294,8 @@ async fn drive(
                     Err(_) => Vec::new(),
                 };
                 println!(
-                    "round {r} stalled: its jobs by status {by_status:?} (none = not recorded)"
+                    "round {r} stalled: its jobs by status {by_status:?} (none = not recorded)\n{}",
+                    sluice_integration_tests::pipeline::log_tails(logs_of, 30)
                 );
             }
             assert!(
@@ -381,7 +383,8 @@ async fn every_expected_trigger_dispatched_exactly_once_while_services_are_kille
     let s = scale();
     let specs = specs(&s);
     let (p, received) = pipeline(&specs).await;
-    let (url, database_url) = (p.push_url(), p.database_url.clone());
+    let (url, database_url, prefix) =
+        (p.push_url(), p.database_url.clone(), p.names.prefix.clone());
     // The chaos loop: every 3–6 s one service, chosen at random, is kill -9'd and restarted.
     let stop = Arc::new(AtomicBool::new(false));
     let chaos = tokio::spawn({
@@ -404,7 +407,16 @@ async fn every_expected_trigger_dispatched_exactly_once_while_services_are_kille
             p
         }
     });
-    let report = drive(&s, &specs, &url, &database_url, &received, async |_| {}).await;
+    let report = drive(
+        &s,
+        &specs,
+        &url,
+        &database_url,
+        &received,
+        &prefix,
+        async |_| {},
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     let p = chaos.await.expect("chaos loop");
     println!(
@@ -447,12 +459,14 @@ async fn the_same_result_when_the_broker_and_then_postgresql_restart_mid_run() {
     let specs = specs(&s);
     let (mut p, received) = pipeline(&specs).await;
     let rounds = (s.commits / (s.assets / 2)) as i64;
+    let prefix = p.names.prefix.clone();
     let report = drive(
         &s,
         &specs,
         &p.push_url(),
         &p.database_url,
         &received,
+        &prefix,
         async |r| {
             if r == rounds / 3 {
                 stack("restart-kafka");

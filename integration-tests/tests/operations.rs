@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
-use sluice_integration_tests::{eventually, free_port, unique};
+use sluice_integration_tests::{eventually, free_port, service_binary, unique};
 
 const OPERATOR: &str = "gmv-operator-token-0123456789";
 const VIEWER: &str = "gmv-viewer-token-0123456789";
@@ -416,6 +416,9 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
         "the original stays as it ended"
     );
 
+    // The same actions from the `sluice` command line, over the API.
+    cli_against(&p, &api);
+
     // Every action is in the audit log; an unknown run is a 404.
     let (status, audit) = api.call("GET", "/v1/audit?limit=50", ADMIN, None).await;
     assert_eq!(status, StatusCode::OK, "{audit}");
@@ -442,4 +445,103 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+}
+
+/// Runs `sluice` with the API's address and the operator's token.
+fn sluice(api: &Api, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(service_binary("sluice"))
+        .args(args)
+        .env("SLUICE_API_URL", &api.base)
+        .env("SLUICE_API_TOKEN", OPERATOR)
+        .env(
+            "SLUICE_CONFIG",
+            std::env::temp_dir().join(unique("no-config")),
+        )
+        .output()
+        .expect("run sluice");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn cli_against(_p: &Pipeline, api: &Api) {
+    let dir = std::env::temp_dir().join(unique("specs"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(
+        dir.join("weekly.yaml"),
+        "id: weekly\nversion: 1\nowner_project: gmv\ntarget: {kind: webhook, name: weekly}\n\
+         condition: {input: {asset: lake.ods.a}}\n",
+    )
+    .expect("spec file");
+    let d = dir.to_string_lossy().into_owned();
+    let (code, out, err) = sluice(api, &["apply", "-f", &d, "--dry-run"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("dependency/weekly would be created"), "{out}");
+    let (code, out, err) = sluice(api, &["apply", "-f", &d]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "dependency/weekly created — accepted"),
+        "{err}"
+    );
+    let (code, out, _) = sluice(api, &["apply", "-f", &d]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "dependency/weekly unchanged")
+    );
+
+    let (code, out, err) = sluice(api, &["get", "deps"]);
+    assert_eq!(code, 0, "{err}");
+    let header = out.lines().next().unwrap_or_default();
+    assert!(
+        header.starts_with("ID") && header.contains("PAUSED"),
+        "{out}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("weekly ")), "{out}");
+
+    let (code, out, err) = sluice(api, &["explain", "weekly"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("weekly v1 [snapshots]"), "{out}");
+    assert!(out.contains("lake.ods.a"), "{out}");
+
+    let (code, out, err) = sluice(api, &["pause", "weekly", "--reason", "cli"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "dependency/weekly paused (version 2)"),
+        "{err}"
+    );
+    let (_, out, _) = sluice(api, &["get", "deps", "-o", "json"]);
+    let deps: Value = serde_json::from_str(&out).expect("json");
+    let weekly = deps
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["id"] == "weekly"))
+        .cloned();
+    assert_eq!(
+        weekly.map(|w| w["paused"].clone()),
+        Some(json!(true)),
+        "{out}"
+    );
+
+    let (code, first, err) = sluice(api, &["run", "weekly", "--request-id", "c-1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        first.starts_with("run tk1-") && first.contains("(manual)"),
+        "{first}"
+    );
+    let (_, again, _) = sluice(api, &["run", "weekly", "--request-id", "c-1"]);
+    assert_eq!(first, again, "the same request id is the same run");
+    let (_, yaml, _) = sluice(api, &["describe", "dep", "weekly"]);
+    assert!(yaml.contains("paused: true"), "{yaml}");
+
+    let (code, _, err) = sluice(api, &["describe", "dep", "nope"]);
+    assert_eq!(code, 1, "a refusal exits 1");
+    assert!(err.contains("404"), "{err}");
+    let (code, _, err) = sluice(api, &["get", "nothing"]);
+    assert_eq!(code, 2, "a usage error exits 2: {err}");
+    let (code, out, _) = sluice(api, &["--version"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("sluice "), "{out}");
+    let (code, out, _) = sluice(api, &["completions", "bash"]);
+    assert!(code == 0 && out.contains("sluice"), "completions");
 }

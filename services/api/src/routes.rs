@@ -316,6 +316,7 @@ fn dependency_json(t: &mut Tables, id: &str) -> Option<Value> {
             "id": id,
             "version": spec.version,
             "owner_project": spec.owner_project,
+            "paused": spec.paused,
             "spec": spec,
             "etag": etag(spec),
         }),

@@ -1,24 +1,145 @@
-//! `sluice`: the operator's command line next to the four services.
+//! `sluice`: the control plane from a terminal, for people used to kubectl.
 //!
-//!   sluice apply FILE...        validate dependency specs (one or an array per file,
-//!                               cycles checked across all) and publish them to the
-//!                               dependencies topic
-//!   sluice watch [--from-start] [--idle-exit SECS]
-//!                               print commits, state changes, triggers and dispatches
-//!                               as they happen, and a summary at the end (Ctrl-C,
-//!                               SIGTERM, or SECS without a record)
+//! It speaks to `sluice-api` (server and token from flags, `SLUICE_API_URL` /
+//! `SLUICE_API_TOKEN`, or a context of the config file: see `client`). Two
+//! commands work without the API, straight on Kafka with the services' SLUICE_*
+//! settings: `watch`, and `apply` when no server is configured (bootstrap of a
+//! cluster before the API runs).
 //!
-//! Both read the services' SLUICE_* settings (bootstrap, topic prefix, registry).
+//! Exit codes: 0 done; 1 refused or failed (the API's message on stderr); 2 a
+//! usage or configuration error.
 
 mod apply;
+mod client;
+mod commands;
+mod output;
 mod watch;
 
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
 use sluice_kit::config::{Common, Env};
 
-const USAGE: &str =
-    "usage: sluice apply FILE...\n       sluice watch [--from-start] [--idle-exit SECS]";
+use crate::client::{Client, Failure, Target};
+use crate::output::Format;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Data-version-driven scheduling: the operator's command line", long_about = None)]
+struct Cli {
+    /// The API, e.g. http://127.0.0.1:8090 (else SLUICE_API_URL, else the context's).
+    #[arg(long, global = true)]
+    server: Option<String>,
+    /// The bearer token (else SLUICE_API_TOKEN, else the context's).
+    #[arg(long, global = true)]
+    token: Option<String>,
+    /// A context of the config file other than the current one.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// How answers are printed.
+    #[arg(short, long, global = true, value_enum, default_value_t = Format::Table)]
+    output: Format,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// List resources: assets, deps, runs, grants, audit.
+    Get {
+        #[command(subcommand)]
+        what: commands::Get,
+    },
+    /// One resource in full: asset KEY, dep ID, run TRIGGER_KEY.
+    Describe { kind: commands::Kind, name: String },
+    /// Why a dependency did or did not run: the evaluator's own tree.
+    Explain {
+        dependency: String,
+        /// Evaluate at this time (epoch ms) instead of now.
+        #[arg(long)]
+        at_ms: Option<i64>,
+    },
+    /// Create or update dependencies from files or directories (JSON or YAML; one
+    /// spec or a list per file). Shows each change and the resolver's verdict.
+    Apply {
+        /// Files or directories (`-f` may repeat).
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<String>,
+        /// The same, positionally (the older form).
+        #[arg(hide = true)]
+        positional: Vec<String>,
+        /// Show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Publish straight to the dependencies topic (no API; bootstrap).
+        #[arg(long)]
+        direct: bool,
+    },
+    /// What `apply` would change.
+    Diff {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+    },
+    /// Delete a dependency.
+    Delete {
+        kind: commands::Kind,
+        name: String,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Pause a dependency: it is evaluated but fires nothing until resumed.
+    Pause {
+        dependency: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a dependency: it fires once for the newest combination.
+    Resume {
+        dependency: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Run a dependency now with its inputs' current snapshots.
+    Run {
+        dependency: String,
+        /// The same id makes a retried command the same run (one is made up and
+        /// printed if not given).
+        #[arg(long)]
+        request_id: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Re-run a FAILED or SUCCEEDED run as a new run linked to it.
+    Rerun {
+        trigger_key: String,
+        #[arg(long)]
+        request_id: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Commits, state changes, triggers and dispatches as they happen (on Kafka).
+    Watch {
+        /// Read the topics from their beginning.
+        #[arg(long)]
+        from_start: bool,
+        /// Exit after this many seconds without a record.
+        #[arg(long, value_name = "SECS", value_parser = positive_secs)]
+        idle_exit: Option<f64>,
+    },
+    /// Contexts of the config file (kubectl's `config`).
+    Config {
+        #[command(subcommand)]
+        what: commands::ConfigCmd,
+    },
+    /// A shell completion script: bash, zsh, fish, elvish, powershell.
+    Completions { shell: clap_complete::Shell },
+}
+
+fn positive_secs(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0 && s.is_finite())
+        .ok_or_else(|| format!("{s:?} is not a positive number of seconds"))
+}
 
 fn common() -> Result<Common, ExitCode> {
     let mut env = Env::from_process();
@@ -30,15 +151,7 @@ fn common() -> Result<Common, ExitCode> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(cmd) = args.first() else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
-    };
-    let common = match common() {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -49,22 +162,74 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match cmd.as_str() {
-        "apply" if args.len() > 1 => runtime.block_on(apply::run(&common, &args[1..])),
-        "watch" => match watch::Args::parse(&args[1..]) {
-            Ok(a) => runtime.block_on(watch::run(&common, a)),
-            Err(e) => {
-                eprintln!("{e}\n{USAGE}");
-                ExitCode::from(2)
-            }
-        },
-        "help" | "--help" => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
+    let target = Target {
+        server: cli.server.as_deref(),
+        token: cli.token.as_deref(),
+        context: cli.context.as_deref(),
+    };
+    let result = match cli.command {
+        Command::Watch {
+            from_start,
+            idle_exit,
+        } => {
+            return match common() {
+                Ok(c) => runtime.block_on(watch::run(
+                    &c,
+                    watch::Args {
+                        from_start,
+                        idle_exit: idle_exit.map(std::time::Duration::from_secs_f64),
+                    },
+                )),
+                Err(code) => code,
+            };
         }
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "sluice", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Config { what } => commands::config(what, cli.output),
+        Command::Apply {
+            files,
+            positional,
+            dry_run,
+            direct,
+        } => {
+            let files: Vec<String> = files.into_iter().chain(positional).collect();
+            if files.is_empty() {
+                Err(Failure::Usage("apply: give files with -f".into()))
+            } else {
+                match Client::resolve(&target) {
+                    Ok(Some(client)) if !direct => {
+                        runtime.block_on(commands::apply(&client, &files, dry_run, cli.output))
+                    }
+                    Ok(_) if dry_run => Err(Failure::Usage(
+                        "--dry-run needs the API (--server or SLUICE_API_URL)".into(),
+                    )),
+                    Ok(_) => {
+                        return match common() {
+                            Ok(c) => runtime.block_on(apply::run(&c, &files)),
+                            Err(code) => code,
+                        };
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+        command => match Client::resolve(&target) {
+            Ok(Some(client)) => runtime.block_on(commands::run(&client, command, cli.output)),
+            Ok(None) => Err(Failure::Usage(
+                "no API: give --server, SLUICE_API_URL, or a context (sluice config set-context)"
+                    .into(),
+            )),
+            Err(e) => Err(e),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("sluice: {}", f.message());
+            ExitCode::from(f.code())
         }
     }
 }

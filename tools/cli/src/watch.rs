@@ -18,33 +18,8 @@ use sluice_kit::wire::{StateRecord, TriggerRecord};
 use sluice_kit::{Codec, SchemaName, Shutdown, Topic};
 
 pub struct Args {
-    from_start: bool,
-    idle_exit: Option<Duration>,
-}
-
-impl Args {
-    pub fn parse(args: &[String]) -> Result<Args, String> {
-        let mut a = Args {
-            from_start: false,
-            idle_exit: None,
-        };
-        let mut it = args.iter();
-        while let Some(x) = it.next() {
-            match x.as_str() {
-                "--from-start" => a.from_start = true,
-                "--idle-exit" => {
-                    let secs: f64 = it
-                        .next()
-                        .and_then(|s| s.parse().ok())
-                        .filter(|s: &f64| *s > 0.0)
-                        .ok_or("--idle-exit takes a number of seconds")?;
-                    a.idle_exit = Some(Duration::from_secs_f64(secs));
-                }
-                other => return Err(format!("unknown argument {other:?}")),
-            }
-        }
-        Ok(a)
-    }
+    pub from_start: bool,
+    pub idle_exit: Option<Duration>,
 }
 
 /// `HH:MM:SS.mmm` UTC of an epoch-ms instant.

@@ -1,0 +1,512 @@
+//! The commands that speak to `sluice-api`.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::Command;
+use crate::client::{Client, Config, Context, Failure, config_path, encode};
+use crate::output::{self, Format, col};
+
+/// Lists go this far at the most.
+const MAX_ITEMS: usize = 10_000;
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Kind {
+    Asset,
+    #[value(alias = "dependency", alias = "deps")]
+    Dep,
+    Run,
+    Grant,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Get {
+    /// Assets and their latest commit.
+    Assets {
+        /// Only keys starting with this.
+        #[arg(long)]
+        prefix: Option<String>,
+    },
+    /// Dependencies, their status and last trigger.
+    #[command(alias = "dependencies")]
+    Deps {
+        #[arg(long)]
+        project: Option<String>,
+        /// accepted or refused
+        #[arg(long)]
+        status: Option<String>,
+    },
+    /// Runs, UNKNOWN first.
+    Runs {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        dependency: Option<String>,
+        #[arg(long)]
+        target: Option<String>,
+    },
+    Grants,
+    /// The audit log (admins).
+    Audit,
+}
+
+#[derive(clap::Subcommand)]
+pub enum ConfigCmd {
+    /// The contexts of the config file; `*` marks the current one.
+    GetContexts,
+    /// Make NAME the current context.
+    UseContext { name: String },
+    /// Add or replace a context.
+    SetContext {
+        name: String,
+        #[arg(long)]
+        server: String,
+        #[arg(long, conflicts_with_all = ["token_file", "token_env"])]
+        token: Option<String>,
+        #[arg(long)]
+        token_file: Option<std::path::PathBuf>,
+        #[arg(long)]
+        token_env: Option<String>,
+    },
+}
+
+fn query(pairs: &[(&str, &Option<String>)]) -> String {
+    let q: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))
+        .collect();
+    if q.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", q.join("&"))
+    }
+}
+
+pub async fn run(client: &Client, command: Command, format: Format) -> Result<(), Failure> {
+    match command {
+        Command::Get { what } => get(client, what, format).await,
+        Command::Describe { kind, name } => {
+            let path = match kind {
+                Kind::Asset => format!("/v1/assets/{name}"),
+                Kind::Dep => format!("/v1/dependencies/{name}"),
+                Kind::Run => format!("/v1/runs/{name}"),
+                Kind::Grant => {
+                    let all = client.list("/v1/grants", MAX_ITEMS).await?;
+                    let one = all
+                        .into_iter()
+                        .find(|g| g["id"] == name.as_str())
+                        .ok_or_else(|| Failure::Refused(format!("no grant {name:?}")))?;
+                    return show(format, &one);
+                }
+            };
+            show(format, &client.get(&path).await?)
+        }
+        Command::Explain { dependency, at_ms } => {
+            let at = at_ms.map(|a| a.to_string());
+            let e = client
+                .get(&format!(
+                    "/v1/dependencies/{dependency}/explain{}",
+                    query(&[("at_ms", &at)])
+                ))
+                .await?;
+            if !output::structured(format, &e) {
+                output::explain(&e);
+            }
+            Ok(())
+        }
+        Command::Diff { files } => apply(client, &files, true, format).await,
+        Command::Delete {
+            kind,
+            name,
+            dry_run,
+        } => {
+            let path = match kind {
+                Kind::Dep => format!("/v1/dependencies/{name}"),
+                Kind::Grant => format!("/v1/grants/{name}"),
+                other => {
+                    return Err(Failure::Usage(format!("{other:?} cannot be deleted")));
+                }
+            };
+            let dry = dry_run.then(|| "true".to_owned());
+            let (_, v) = client
+                .call(
+                    "DELETE",
+                    &format!("{path}{}", query(&[("dry_run", &dry)])),
+                    None,
+                )
+                .await?;
+            if !output::structured(format, &v) {
+                let what = if dry_run {
+                    "would be deleted"
+                } else {
+                    "deleted"
+                };
+                println!("{}/{name} {what}", kind_name(kind));
+            }
+            Ok(())
+        }
+        Command::Pause { dependency, reason } => {
+            paused(client, &dependency, "pause", reason, format).await
+        }
+        Command::Resume { dependency, reason } => {
+            paused(client, &dependency, "resume", reason, format).await
+        }
+        Command::Run {
+            dependency,
+            request_id,
+            reason,
+        } => {
+            let path = format!("/v1/dependencies/{dependency}/runs");
+            trigger(client, &path, request_id, reason, format).await
+        }
+        Command::Rerun {
+            trigger_key,
+            request_id,
+            reason,
+        } => {
+            let path = format!("/v1/runs/{trigger_key}/rerun");
+            trigger(client, &path, request_id, reason, format).await
+        }
+        Command::Apply { .. }
+        | Command::Watch { .. }
+        | Command::Config { .. }
+        | Command::Completions { .. } => Err(Failure::Usage("handled before".into())),
+    }
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Asset => "asset",
+        Kind::Dep => "dependency",
+        Kind::Run => "run",
+        Kind::Grant => "grant",
+    }
+}
+
+fn show(format: Format, v: &Value) -> Result<(), Failure> {
+    // A description is a document: YAML unless JSON is asked for.
+    let f = if format == Format::Table {
+        Format::Yaml
+    } else {
+        format
+    };
+    output::structured(f, v);
+    Ok(())
+}
+
+async fn get(client: &Client, what: Get, format: Format) -> Result<(), Failure> {
+    let (path, columns) = match &what {
+        Get::Assets { prefix } => (
+            format!("/v1/assets{}", query(&[("prefix", prefix)])),
+            vec![
+                col("ASSET", "asset_key"),
+                col("FORMAT", "format"),
+                col("SEQUENCE", "latest.sequence"),
+                col("SNAPSHOT", "latest.snapshot_id"),
+                col("COMMITS", "commit_count"),
+                col("WATERMARK", "watermark_ms"),
+            ],
+        ),
+        Get::Deps { project, status } => (
+            format!(
+                "/v1/dependencies{}",
+                query(&[("project", project), ("status", status)])
+            ),
+            vec![
+                col("ID", "id"),
+                col("PROJECT", "owner_project"),
+                col("VERSION", "version"),
+                col("STATUS", "status"),
+                col("PAUSED", "paused"),
+                col("LAST TRIGGER", "last_trigger_key"),
+            ],
+        ),
+        Get::Runs {
+            status,
+            dependency,
+            target,
+        } => (
+            format!(
+                "/v1/runs{}",
+                query(&[
+                    ("status", status),
+                    ("dependency", dependency),
+                    ("target", target)
+                ])
+            ),
+            vec![
+                col("TRIGGER KEY", "trigger_key"),
+                col("DEPENDENCY", "dependency_id"),
+                col("STATUS", "status"),
+                col("ORIGIN", "origin"),
+                col("ATTEMPT", "attempt"),
+                col("TARGET", "target_name"),
+                col("RERUN OF", "rerun_of"),
+            ],
+        ),
+        Get::Grants => (
+            "/v1/grants".to_owned(),
+            vec![
+                col("ID", "id"),
+                col("PROJECT", "project"),
+                col("KIND", "kind"),
+                col("NAMESPACE", "namespace"),
+                col("TARGET", "target"),
+            ],
+        ),
+        Get::Audit => (
+            "/v1/audit".to_owned(),
+            vec![
+                col("AT", "at_ms"),
+                col("PRINCIPAL", "principal"),
+                col("ACTION", "action"),
+                col("RESOURCE", "resource"),
+                col("PROJECT", "project"),
+            ],
+        ),
+    };
+    let items = client.list(&path, MAX_ITEMS).await?;
+    if !output::structured(format, &Value::Array(items.clone())) {
+        output::table(&items, &columns);
+    }
+    Ok(())
+}
+
+async fn paused(
+    client: &Client,
+    dependency: &str,
+    action: &str,
+    reason: Option<String>,
+    format: Format,
+) -> Result<(), Failure> {
+    let (_, v) = client
+        .call(
+            "POST",
+            &format!("/v1/dependencies/{dependency}/{action}"),
+            Some(&json!({"reason": reason})),
+        )
+        .await?;
+    if !output::structured(format, &v) {
+        let state = if v["paused"] == Value::Bool(true) {
+            "paused"
+        } else {
+            "resumed"
+        };
+        let changed = if v["changed"] == Value::Bool(true) {
+            format!(" (version {})", v["version"])
+        } else {
+            " (unchanged)".to_owned()
+        };
+        println!("dependency/{dependency} {state}{changed}");
+    }
+    Ok(())
+}
+
+async fn trigger(
+    client: &Client,
+    path: &str,
+    request_id: Option<String>,
+    reason: Option<String>,
+    format: Format,
+) -> Result<(), Failure> {
+    let made_up = request_id.is_none();
+    let request_id = request_id.unwrap_or_else(|| {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!("cli-{ms}-{}", std::process::id())
+    });
+    let (_, v) = client
+        .call(
+            "POST",
+            path,
+            Some(&json!({"request_id": request_id, "reason": reason})),
+        )
+        .await?;
+    if !output::structured(format, &v) {
+        println!(
+            "run {} requested ({})",
+            v["trigger_key"].as_str().unwrap_or("?"),
+            v["origin"].as_str().unwrap_or("?")
+        );
+        if made_up {
+            eprintln!(
+                "request id {request_id}: give --request-id {request_id} to retry it as the same run"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Every spec in `paths`: files (JSON or YAML, one spec or a list) and the
+/// `.json` / `.yaml` / `.yml` files of directories, in name order.
+fn specs_in(paths: &[String]) -> Result<Vec<(String, Value)>, Failure> {
+    let mut files = Vec::new();
+    for p in paths {
+        let path = Path::new(p);
+        if path.is_dir() {
+            let mut inside: Vec<_> = std::fs::read_dir(path)
+                .map_err(|e| Failure::Usage(format!("{p}: {e}")))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    f.extension()
+                        .and_then(|x| x.to_str())
+                        .is_some_and(|x| matches!(x, "json" | "yaml" | "yml"))
+                })
+                .collect();
+            inside.sort();
+            files.extend(inside);
+        } else {
+            files.push(path.to_path_buf());
+        }
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let name = f.display().to_string();
+        let text =
+            std::fs::read_to_string(&f).map_err(|e| Failure::Usage(format!("{name}: {e}")))?;
+        let yaml = f
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| x == "yaml" || x == "yml");
+        let value: Value = if yaml {
+            serde_norway::from_str(&text).map_err(|e| Failure::Usage(format!("{name}: {e}")))?
+        } else {
+            serde_json::from_str(&text).map_err(|e| Failure::Usage(format!("{name}: {e}")))?
+        };
+        match value {
+            Value::Array(items) => {
+                for (i, v) in items.into_iter().enumerate() {
+                    out.push((format!("{name}[{i}]"), v));
+                }
+            }
+            one => out.push((name, one)),
+        }
+    }
+    Ok(out)
+}
+
+/// PUTs each spec (or its dry run) and reports what changed and the verdict:
+/// `created`, `configured`, `unchanged`; `accepted`, or `refused: why`.
+pub async fn apply(
+    client: &Client,
+    paths: &[String],
+    dry_run: bool,
+    format: Format,
+) -> Result<(), Failure> {
+    let specs = specs_in(paths)?;
+    let mut answers = Vec::new();
+    let mut refused = 0usize;
+    for (origin, spec) in specs {
+        let Some(id) = spec["id"].as_str() else {
+            return Err(Failure::Usage(format!("{origin}: a spec without an id")));
+        };
+        let dry = dry_run.then(|| "true".to_owned());
+        let path = format!("/v1/dependencies/{id}{}", query(&[("dry_run", &dry)]));
+        match client.call("PUT", &path, Some(&spec)).await {
+            Ok((status, v)) => {
+                if v["status"] == "refused" {
+                    refused += 1;
+                }
+                if format == Format::Table {
+                    let what = match (dry_run, status, &v["changed"]) {
+                        (_, _, Value::Bool(false)) => "unchanged",
+                        (true, _, _) if v["created"] == Value::Bool(true) => "would be created",
+                        (true, _, _) => "would be configured",
+                        (false, 201, _) => "created",
+                        (false, _, _) => "configured",
+                    };
+                    let verdict = match v["status"].as_str() {
+                        Some("refused") => format!(
+                            " — refused: {}",
+                            v["refused_reason"].as_str().unwrap_or("?")
+                        ),
+                        Some(s) => format!(" — {s}"),
+                        None => String::new(),
+                    };
+                    println!("dependency/{id} {what}{verdict}");
+                    for d in v["diff"].as_array().into_iter().flatten() {
+                        println!(
+                            "  {}: {} → {}",
+                            d["field"].as_str().unwrap_or("?"),
+                            d["before"],
+                            d["after"]
+                        );
+                    }
+                }
+                answers.push(v);
+            }
+            Err(f) => {
+                eprintln!("{origin}: {}", f.message());
+                refused += 1;
+            }
+        }
+    }
+    output::structured(format, &Value::Array(answers));
+    if refused > 0 {
+        return Err(Failure::Refused(format!("{refused} spec(s) refused")));
+    }
+    Ok(())
+}
+
+pub fn config(what: ConfigCmd, format: Format) -> Result<(), Failure> {
+    let mut config = Config::load()?;
+    match what {
+        ConfigCmd::GetContexts => {
+            let items: Vec<Value> = config
+                .contexts
+                .iter()
+                .map(|c| {
+                    let current = config.current_context.as_deref() == Some(c.name.as_str());
+                    json!({"current": if current { "*" } else { "" }, "name": c.name, "server": c.server})
+                })
+                .collect();
+            if !output::structured(format, &Value::Array(items.clone())) {
+                output::table(
+                    &items,
+                    &[
+                        col("CURRENT", "current"),
+                        col("NAME", "name"),
+                        col("SERVER", "server"),
+                    ],
+                );
+            }
+            Ok(())
+        }
+        ConfigCmd::UseContext { name } => {
+            if !config.contexts.iter().any(|c| c.name == name) {
+                return Err(Failure::Usage(format!(
+                    "no context {name:?} in {}",
+                    config_path().display()
+                )));
+            }
+            config.current_context = Some(name.clone());
+            config.save()?;
+            println!("current context: {name}");
+            Ok(())
+        }
+        ConfigCmd::SetContext {
+            name,
+            server,
+            token,
+            token_file,
+            token_env,
+        } => {
+            config.contexts.retain(|c| c.name != name);
+            config.contexts.push(Context {
+                name: name.clone(),
+                server,
+                token,
+                token_file,
+                token_env,
+            });
+            if config.current_context.is_none() {
+                config.current_context = Some(name.clone());
+            }
+            let path = config.save()?;
+            println!("context {name} saved in {}", path.display());
+            Ok(())
+        }
+    }
+}
