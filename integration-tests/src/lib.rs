@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod api;
 pub mod pipeline;
 pub mod registry;
 

@@ -15,6 +15,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sluice_core::DependencySpec;
+use sluice_integration_tests::api::Api;
 use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
 use sluice_integration_tests::{eventually, free_port, kafka, unique};
 use sluice_kit::wire::WireSpec;
@@ -22,43 +23,6 @@ use sluice_kit::{Codec, SchemaName, Topic};
 
 const EDITOR: &str = "gmv-editor-token-0123456789";
 const ADMIN: &str = "root-token-0123456789";
-
-struct Api {
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Api {
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: &str,
-        body: Option<&Value>,
-    ) -> (StatusCode, Value) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut req = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req.send().await.expect("the API answers");
-        let status = resp.status();
-        let text = resp.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let (status, v) = self.call("GET", path, ADMIN, None).await;
-        assert_eq!(status, StatusCode::OK, "GET {path}: {v}");
-        v
-    }
-}
 
 fn tokens_file() -> String {
     let path = std::env::temp_dir().join(format!("{}.json", unique("api-tokens")));
@@ -125,10 +89,7 @@ async fn the_api_explains_runs_and_refusals_from_the_live_pipeline() {
     p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
     p.start_all().await;
     p.start("api").await;
-    let api = Api {
-        base: format!("http://127.0.0.1:{api_port}"),
-        client: reqwest::Client::new(),
-    };
+    let api = Api::new(api_port, ADMIN);
 
     // Create through the API: 201, read back at once, accepted, audited.
     let spec = json!({
@@ -389,10 +350,7 @@ async fn the_resolver_enforces_grants_on_a_spec_written_straight_to_the_topic() 
     p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
     p.start_all().await;
     p.start("api").await;
-    let api = Api {
-        base: format!("http://127.0.0.1:{api_port}"),
-        client: reqwest::Client::new(),
-    };
+    let api = Api::new(api_port, ADMIN);
     // The target is shared with gmv; reading crm.raw is not granted.
     let share =
         json!({"id": "gmv-hooks", "project": "gmv", "kind": "share_target", "target": "webhook:*"});

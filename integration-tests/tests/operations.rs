@@ -13,62 +13,13 @@ use axum::routing::post;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use sluice_integration_tests::api::Api;
 use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
 use sluice_integration_tests::{eventually, free_port, service_binary, unique};
 
 const OPERATOR: &str = "gmv-operator-token-0123456789";
 const VIEWER: &str = "gmv-viewer-token-0123456789";
 const ADMIN: &str = "root-token-0123456789";
-
-struct Api {
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Api {
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut req = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("the API answers");
-        let status = resp.status();
-        let text = resp.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        let (status, v) = self.call("POST", path, OPERATOR, Some(body)).await;
-        assert!(status.is_success(), "POST {path}: {status} {v}");
-        v
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let (status, v) = self.call("GET", path, OPERATOR, None).await;
-        assert_eq!(status, StatusCode::OK, "GET {path}: {v}");
-        v
-    }
-
-    async fn run_status(&self, key: &str) -> String {
-        let (_, run) = self
-            .call("GET", &format!("/v1/runs/{key}"), OPERATOR, None)
-            .await;
-        run["status"].as_str().unwrap_or_default().to_owned()
-    }
-}
 
 fn tokens_file() -> String {
     let path = std::env::temp_dir().join(format!("{}.json", unique("ops-tokens")));
@@ -187,10 +138,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
     p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
     p.start_all().await;
     p.start("api").await;
-    let api = Api {
-        base: format!("http://127.0.0.1:{api_port}"),
-        client: reqwest::Client::new(),
-    };
+    let api = Api::new(api_port, OPERATOR);
     let url = p.push_url();
     let spec = |id: &str, target: &str, input: &str| {
         json!({"id": id, "version": 1, "owner_project": "gmv",
@@ -206,7 +154,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
                 "PUT",
                 &format!("/v1/dependencies/{id}"),
                 OPERATOR,
-                Some(spec(id, target, input)),
+                Some(&spec(id, target, input)),
             )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{v}");
@@ -225,7 +173,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
             "POST",
             "/v1/dependencies/daily/pause",
             VIEWER,
-            Some(json!({})),
+            Some(&json!({})),
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "a viewer may not pause: {v}");
@@ -300,7 +248,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
             "POST",
             "/v1/dependencies/daily/runs",
             OPERATOR,
-            Some(json!({})),
+            Some(&json!({})),
         )
         .await;
     assert_eq!(
@@ -441,7 +389,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
             "POST",
             "/v1/runs/tk1-00000000000000000000000000000000/rerun",
             OPERATOR,
-            Some(json!({"request_id": "x"})),
+            Some(&json!({"request_id": "x"})),
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
@@ -486,10 +434,7 @@ fn cli_against(_p: &Pipeline, api: &Api) {
         "{err}"
     );
     let (code, out, _) = sluice(api, &["apply", "-f", &d]);
-    assert_eq!(
-        (code, out.trim()),
-        (0, "dependency/weekly unchanged")
-    );
+    assert_eq!((code, out.trim()), (0, "dependency/weekly unchanged"));
 
     let (code, out, err) = sluice(api, &["get", "deps"]);
     assert_eq!(code, 0, "{err}");

@@ -15,6 +15,37 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+/// Any error, with its sources (what a record handler returns).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a changelog read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangelogError {
+    #[error("{topic}: {source}")]
+    Kafka { topic: String, source: KafkaError },
+    #[error("reading {topic} partitions {open:?} did not reach the end within {deadline:?}")]
+    Deadline {
+        topic: String,
+        open: BTreeSet<i32>,
+        deadline: Duration,
+    },
+    /// A record the handler refused (it does not decode, it breaks a rule).
+    #[error("{topic} {partition}@{offset}: {source}")]
+    Record {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        source: BoxError,
+    },
+}
+
+fn kafka(topic: &str) -> impl FnOnce(KafkaError) -> ChangelogError + '_ {
+    move |source| ChangelogError::Kafka {
+        topic: topic.to_owned(),
+        source,
+    }
+}
+
 /// One record of a changelog as a restore sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct Record<'a> {
@@ -25,13 +56,6 @@ pub struct Record<'a> {
     pub payload: Option<&'a [u8]>,
 }
 
-impl Record<'_> {
-    /// Where the record is, for an error message: `topic partition@offset`.
-    pub fn at(&self, topic: &str) -> String {
-        format!("{topic} {}@{}", self.partition, self.offset)
-    }
-}
-
 /// A compacted topic a processor restores its state from.
 pub trait Changelog: Send {
     fn topic(&self) -> &str;
@@ -40,8 +64,8 @@ pub trait Changelog: Send {
     fn read_to_end(
         &self,
         partitions: &BTreeSet<i32>,
-        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), String>,
-    ) -> Result<u64, String>;
+        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), BoxError>,
+    ) -> Result<u64, ChangelogError>;
 }
 
 /// A changelog topic on the broker.
@@ -70,8 +94,8 @@ impl Changelog for KafkaChangelog {
     fn read_to_end(
         &self,
         partitions: &BTreeSet<i32>,
-        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), String>,
-    ) -> Result<u64, String> {
+        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), BoxError>,
+    ) -> Result<u64, ChangelogError> {
         read_to_end(
             &self.config,
             &self.topic,
@@ -123,13 +147,12 @@ impl Changelog for MemoryChangelog {
     fn read_to_end(
         &self,
         partitions: &BTreeSet<i32>,
-        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), String>,
-    ) -> Result<u64, String> {
+        on_record: &mut dyn FnMut(Record<'_>) -> Result<(), BoxError>,
+    ) -> Result<u64, ChangelogError> {
         let records = self
             .records
             .lock()
-            .map_err(|_| "memory changelog poisoned".to_owned())?
-            .clone();
+            .map_or_else(|p| p.into_inner().clone(), |r| r.clone());
         let mut read = 0;
         for (offset, (partition, key, payload)) in records.iter().enumerate() {
             if partitions.contains(partition) {
@@ -139,6 +162,12 @@ impl Changelog for MemoryChangelog {
                     offset: offset as i64,
                     key: Some(key),
                     payload: payload.as_deref(),
+                })
+                .map_err(|source| ChangelogError::Record {
+                    topic: self.topic.clone(),
+                    partition: *partition,
+                    offset: offset as i64,
+                    source,
                 })?;
             }
         }
@@ -154,38 +183,43 @@ pub fn read_to_end(
     topic: &str,
     partitions: &BTreeSet<i32>,
     deadline: Duration,
-    mut on_record: impl FnMut(&BorrowedMessage<'_>) -> Result<(), String>,
-) -> Result<u64, String> {
+    mut on_record: impl FnMut(&BorrowedMessage<'_>) -> Result<(), BoxError>,
+) -> Result<u64, ChangelogError> {
     if partitions.is_empty() {
         return Ok(0);
     }
-    let consumer = crate::kafka::reader(config).map_err(|e| format!("{topic} reader: {e}"))?;
+    let consumer = crate::kafka::reader(config).map_err(kafka(topic))?;
     let mut tpl = TopicPartitionList::new();
     for p in partitions {
         tpl.add_partition_offset(topic, *p, Offset::Beginning)
-            .map_err(|e| e.to_string())?;
+            .map_err(kafka(topic))?;
     }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| format!("{topic} assign: {e}"))?;
+    consumer.assign(&tpl).map_err(kafka(topic))?;
     let mut open = partitions.clone();
     let mut records = 0u64;
     let until = Instant::now() + deadline;
     while !open.is_empty() {
         if Instant::now() > until {
-            return Err(format!(
-                "reading {topic} partitions {open:?} did not reach the end within {deadline:?}"
-            ));
+            return Err(ChangelogError::Deadline {
+                topic: topic.to_owned(),
+                open,
+                deadline,
+            });
         }
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 open.remove(&p);
             }
-            Some(Err(e)) => return Err(format!("{topic} read: {e}")),
+            Some(Err(e)) => return Err(kafka(topic)(e)),
             Some(Ok(msg)) => {
                 records += 1;
-                on_record(&msg)?;
+                on_record(&msg).map_err(|source| ChangelogError::Record {
+                    topic: topic.to_owned(),
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                    source,
+                })?;
             }
         }
     }
@@ -203,20 +237,18 @@ pub fn follow(
     stop: &AtomicBool,
     mut on_caught_up: impl FnMut(),
     mut on_record: impl FnMut(&BorrowedMessage<'_>),
-) -> Result<(), String> {
-    let consumer = crate::kafka::reader(config).map_err(|e| e.to_string())?;
+) -> Result<(), ChangelogError> {
+    let consumer = crate::kafka::reader(config).map_err(kafka(topic))?;
     let md = consumer
         .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        .map_err(kafka(topic))?;
     let count = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
     let mut tpl = TopicPartitionList::new();
     for p in 0..count {
         tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .map_err(|e| e.to_string())?;
+            .map_err(kafka(topic))?;
     }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| format!("{topic} assign: {e}"))?;
+    consumer.assign(&tpl).map_err(kafka(topic))?;
     let mut behind: BTreeSet<i32> = (0..count).collect();
     if behind.is_empty() {
         on_caught_up();

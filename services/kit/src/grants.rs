@@ -149,7 +149,7 @@ impl SharedGrants {
                 );
                 if let Err(e) = result {
                     tracing::error!(error = %e, "grants follower stopped");
-                    *shared.failed.write().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    *shared.failed.write().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 }
             })
             .expect("spawning a thread")

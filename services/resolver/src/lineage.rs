@@ -122,7 +122,7 @@ impl Lineage {
         );
         if let Err(e) = outcome {
             tracing::error!(error = %e, "dependencies follower stopped");
-            self.view().failed = Some(e);
+            self.view().failed = Some(e.to_string());
         }
     }
 

@@ -197,8 +197,9 @@ impl Resolve {
         Ok(outputs)
     }
 
-    /// Loads the specs and progress of `partitions` from their changelogs.
-    fn restore(&mut self, partitions: &BTreeSet<i32>) -> Result<(), String> {
+    /// Loads the specs and progress of `partitions` from their changelogs (an
+    /// unreadable changelog is retriable: the assignment is tried again).
+    fn restore(&mut self, partitions: &BTreeSet<i32>) -> Result<(), ProcessError> {
         let mut specs: HashMap<String, (i32, i64, Option<DependencySpec>)> = HashMap::new();
         let codec = &self.codec;
         self.changelogs
@@ -209,7 +210,7 @@ impl Resolve {
                     None => None,
                     Some(bytes) => match decode_spec(codec, &key, bytes) {
                         Ok(s) => Some(s),
-                        Err(ProcessError::Retriable(e)) => return Err(e.to_string()),
+                        Err(ProcessError::Retriable(e)) => return Err(e),
                         Err(e) => {
                             // Refused when first consumed too (and dead-lettered then);
                             // the last valid version stays in force.
@@ -221,27 +222,26 @@ impl Resolve {
                 };
                 specs.insert(key, (r.partition, r.offset, spec));
                 Ok(())
-            })?;
+            })
+            .map_err(ProcessError::retriable)?;
         let mut progress: HashMap<String, Progress> = HashMap::new();
-        let topic = self.changelogs.progress.topic();
-        self.changelogs.progress.read_to_end(partitions, &mut |r| {
-            let key = String::from_utf8_lossy(r.key.unwrap_or_default()).into_owned();
-            match r.payload {
-                None => {
-                    progress.remove(&key);
+        self.changelogs
+            .progress
+            .read_to_end(partitions, &mut |r| {
+                let key = String::from_utf8_lossy(r.key.unwrap_or_default()).into_owned();
+                match r.payload {
+                    None => {
+                        progress.remove(&key);
+                    }
+                    Some(bytes) => {
+                        let record: ProgressRecord =
+                            codec.decode(SchemaName::ResolverProgress, bytes)?;
+                        progress.insert(key, record.into_progress()?);
+                    }
                 }
-                Some(bytes) => {
-                    let record: ProgressRecord = codec
-                        .decode(SchemaName::ResolverProgress, bytes)
-                        .map_err(|e| format!("{}: {e}", r.at(topic)))?;
-                    let p = record
-                        .into_progress()
-                        .map_err(|e| format!("{}: {e}", r.at(topic)))?;
-                    progress.insert(key, p);
-                }
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })
+            .map_err(ProcessError::retriable)?;
         let mut loaded = 0usize;
         let mut lineage_read = false;
         // In log order, so a spec that closed a cycle is refused again, as it was
@@ -252,7 +252,7 @@ impl Resolve {
             let Some(spec) = spec else { continue };
             if spec.produces.is_some() {
                 if !lineage_read {
-                    self.lineage_read_to_end().map_err(|e| e.to_string())?;
+                    self.lineage_read_to_end()?;
                     lineage_read = true;
                 }
                 let order = self.lineage.order_of(&id).unwrap_or((0, partition, offset));
@@ -402,7 +402,7 @@ impl Processor for Resolve {
             ));
         }
         let parts: BTreeSet<i32> = partitions.iter().map(|(_, p)| *p).collect();
-        self.restore(&parts).map_err(ProcessError::retriable)
+        self.restore(&parts)
     }
 
     fn revoked(&mut self, partitions: &[(String, i32)]) {

@@ -125,7 +125,7 @@ impl GlobalTable {
             .spawn(move || {
                 if let Err(e) = table.read_loop(config, &topic, &codec, &stop, timeout) {
                     tracing::error!(error = %e, "asset-state reader stopped");
-                    *table.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    *table.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 }
                 table.ended.store(true, Ordering::Release);
             })
@@ -139,7 +139,7 @@ impl GlobalTable {
         codec: &BlockingCodec,
         stop: &AtomicBool,
         timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), sluice_kit::changelog::ChangelogError> {
         let started = Instant::now();
         sluice_kit::changelog::follow(
             &config,
@@ -175,27 +175,40 @@ impl GlobalTable {
     }
 }
 
+/// Why an asset-state record could not join the table.
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    #[error("key is not UTF-8")]
+    KeyNotUtf8,
+    #[error("key: {0}")]
+    Key(#[from] sluice_core::asset::AssetKeyError),
+    #[error(transparent)]
+    Codec(#[from] sluice_kit::CodecError),
+    #[error(transparent)]
+    Wire(#[from] sluice_kit::wire::WireError),
+    #[error("record key {key} is not the state's asset {asset}")]
+    OtherAsset { key: AssetKey, asset: AssetKey },
+}
+
 fn decode(
     msg: &rdkafka::message::BorrowedMessage<'_>,
     codec: &BlockingCodec,
-) -> Result<(AssetKey, Option<(AssetState, i64)>), String> {
+) -> Result<(AssetKey, Option<(AssetState, i64)>), Unreadable> {
     let key = msg
         .key()
         .and_then(|k| std::str::from_utf8(k).ok())
-        .ok_or("key is not UTF-8")?;
-    let key = AssetKey::parse(key).map_err(|e| e.to_string())?;
+        .ok_or(Unreadable::KeyNotUtf8)?;
+    let key = AssetKey::parse(key)?;
     let Some(payload) = msg.payload() else {
         return Ok((key, None));
     };
-    let record: StateRecord = codec
-        .decode(SchemaName::AssetState, payload)
-        .map_err(|e| e.to_string())?;
+    let record: StateRecord = codec.decode(SchemaName::AssetState, payload)?;
     let (state, revision) = record.into_state()?;
     if state.asset_key != key {
-        return Err(format!(
-            "record key {key} is not the state's asset {}",
-            state.asset_key
-        ));
+        return Err(Unreadable::OtherAsset {
+            key,
+            asset: state.asset_key,
+        });
     }
     Ok((key, Some((state, revision))))
 }

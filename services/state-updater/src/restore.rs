@@ -11,7 +11,7 @@ use std::time::Instant;
 use foldhash::{HashMap, HashMapExt};
 
 use sluice_core::AssetKey;
-use sluice_kit::changelog::Changelog;
+use sluice_kit::changelog::{Changelog, ChangelogError};
 use sluice_kit::wire::StateRecord;
 use sluice_kit::{BlockingCodec, SchemaName};
 
@@ -23,7 +23,7 @@ pub fn restore(
     changelog: &dyn Changelog,
     codec: &BlockingCodec,
     partitions: &BTreeSet<i32>,
-) -> Result<HashMap<AssetKey, Entry>, String> {
+) -> Result<HashMap<AssetKey, Entry>, ChangelogError> {
     let mut out = HashMap::new();
     if partitions.is_empty() {
         return Ok(out);
@@ -33,14 +33,18 @@ pub fn restore(
     let records = changelog.read_to_end(partitions, &mut |r| {
         let Some(key) = r.key.and_then(|k| std::str::from_utf8(k).ok()) else {
             tracing::warn!(
-                at = r.at(topic),
+                topic,
+                partition = r.partition,
+                offset = r.offset,
                 "asset-state record without a UTF-8 key; skipped"
             );
             return Ok(());
         };
         let Ok(key) = AssetKey::parse(key) else {
             tracing::warn!(
-                at = r.at(topic),
+                topic,
+                partition = r.partition,
+                offset = r.offset,
                 key,
                 "asset-state record with an invalid key; skipped"
             );
@@ -50,12 +54,8 @@ pub fn restore(
             out.remove(&key);
             return Ok(());
         };
-        let record: StateRecord = codec
-            .decode(SchemaName::AssetState, payload)
-            .map_err(|e| format!("{}: {e}", r.at(topic)))?;
-        let (state, revision) = record
-            .into_state()
-            .map_err(|e| format!("{}: {e}", r.at(topic)))?;
+        let record: StateRecord = codec.decode(SchemaName::AssetState, payload)?;
+        let (state, revision) = record.into_state()?;
         out.insert(
             key,
             Entry {

@@ -192,11 +192,7 @@ pub(super) async fn run_dependency(
         trigger_key: key.as_str().to_owned(),
         dependency_id: spec.id.clone(),
         dependency_version: spec.version,
-        target: TriggerTarget {
-            kind: spec.target.kind.into(),
-            name: spec.target.name.clone(),
-            parameters: spec.target.parameters.clone(),
-        },
+        target: TriggerTarget::from(&spec.target),
         inputs,
         partition: None,
         window_end_ms: None,
@@ -212,23 +208,14 @@ pub(super) async fn run_dependency(
         request_id: Some(request_id),
         rerun_of: None,
     };
-    if dry_run {
-        return ok(json!({"dry_run": true, "trigger": record}));
-    }
-    app.publish_trigger(&record).await?;
-    db::audit(
-        &app.pool,
-        db::Audit {
-            principal: &p.name,
-            action: "dependency.run",
-            resource: &format!("dependencies/{id}"),
-            project: &spec.owner_project,
-            before: None,
-            after: serde_json::to_value(&record).ok(),
-        },
-    )
-    .await?;
-    accepted(&record)
+    let resource = format!("dependencies/{id}");
+    let audit = (
+        &p,
+        "dependency.run",
+        resource.as_str(),
+        spec.owner_project.as_str(),
+    );
+    submit(&app, record, dry_run, audit).await
 }
 
 /// Re-run: a new run of a FAILED or SUCCEEDED run's inputs, linked to it.
@@ -327,27 +314,39 @@ pub(super) async fn rerun(
         request_id: Some(request_id),
         rerun_of: Some(of.clone()),
     };
+    let resource = format!("runs/{of}");
+    submit(
+        &app,
+        record,
+        dry_run,
+        (&p, "run.rerun", &resource, &project),
+    )
+    .await
+}
+
+/// Who asked, the audit action, the resource and its project.
+type AuditOf<'a> = (&'a Principal, &'a str, &'a str, &'a str);
+
+/// Publishes `record` (unless a dry run) and audits it: 202, the trigger is on
+/// its way and the run appears under its key.
+async fn submit(app: &App, record: TriggerRecord, dry_run: bool, audit: AuditOf<'_>) -> Answer {
     if dry_run {
         return ok(json!({"dry_run": true, "trigger": record}));
     }
     app.publish_trigger(&record).await?;
+    let (p, action, resource, project) = audit;
     db::audit(
         &app.pool,
         db::Audit {
             principal: &p.name,
-            action: "run.rerun",
-            resource: &format!("runs/{of}"),
-            project: &project,
+            action,
+            resource,
+            project,
             before: None,
             after: serde_json::to_value(&record).ok(),
         },
     )
     .await?;
-    accepted(&record)
-}
-
-/// 202: the trigger is on its way; the run appears under its key.
-fn accepted(record: &TriggerRecord) -> Answer {
     let key = &record.trigger_key;
     Ok((
         StatusCode::ACCEPTED,

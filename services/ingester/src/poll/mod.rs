@@ -186,7 +186,7 @@ impl Known {
         wanted: &[AssetKey],
         codec: &BlockingCodec,
         stop: &AtomicBool,
-    ) -> Result<(), String> {
+    ) -> Result<(), sluice_kit::changelog::ChangelogError> {
         let wanted: std::collections::HashSet<&str> = wanted.iter().map(AssetKey::as_str).collect();
         sluice_kit::changelog::follow(
             &config,

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use sluice_core::state::{CommitInfo, QualityMark};
 use sluice_core::{AssetKey, AssetState, TableFormat};
 
+use super::{WireError, count};
+
 /// Value of the asset-state topic. Serde names match the Avro record names: the
 /// schema-aware (de)serializer checks them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,21 +88,23 @@ impl StateRecord {
     }
 
     /// Back to the core state; a record whose counters went negative is refused.
-    pub fn into_state(self) -> Result<(AssetState, i64), String> {
-        let count =
-            |v: i64, what: &str| u64::try_from(v).map_err(|_| format!("{what} is negative ({v})"));
+    pub fn into_state(self) -> Result<(AssetState, i64), WireError> {
         let schema = match (self.schema_sequence, self.schema_id) {
             (Some(seq), Some(id)) => Some((seq, id)),
             (None, None) => None,
-            _ => return Err("schema_sequence and schema_id must be both set or both null".into()),
+            _ => {
+                return Err(WireError::Inconsistent(
+                    "schema_sequence and schema_id must be both set or both null",
+                ));
+            }
         };
         let state = AssetState {
             asset_key: self.asset_key,
             format: self.format,
             latest: self.latest.map(CommitInfo::from),
             latest_data: self.latest_data.map(CommitInfo::from),
-            commit_count: count(self.commit_count, "commit_count")?,
-            data_commit_count: count(self.data_commit_count, "data_commit_count")?,
+            commit_count: count("commit_count", self.commit_count)?,
+            data_commit_count: count("data_commit_count", self.data_commit_count)?,
             watermark_ms: self.watermark_ms,
             schema,
             quality: self.quality,

@@ -23,6 +23,26 @@ pub use resolver_progress::{InputBaseline, ProgressRecord};
 pub use run_status::RunRecord;
 pub use trigger_request::{TriggerInput, TriggerOrigin, TriggerRecord, TriggerTarget};
 
+/// A record that decoded but breaks a rule its Rust type keeps (a negative
+/// counter, half of a pair, a bad key): refused whole.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("{field} is negative ({value})")]
+    Negative { field: &'static str, value: i64 },
+    #[error("{0}")]
+    Inconsistent(&'static str),
+    #[error("{field}: {source}")]
+    Key {
+        field: &'static str,
+        source: sluice_core::asset::AssetKeyError,
+    },
+}
+
+/// A counter the core keeps unsigned.
+fn count(field: &'static str, value: i64) -> Result<u64, WireError> {
+    u64::try_from(value).map_err(|_| WireError::Negative { field, value })
+}
+
 /// The kind of a trigger's target (`TargetKind` in the schemas).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename = "TargetKind", rename_all = "SCREAMING_SNAKE_CASE")]

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use sluice_core::condition::Baseline;
 use sluice_core::{AssetKey, Progress, TriggerKey};
 
+use super::{WireError, count};
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename = "ResolverProgress")]
 pub struct ProgressRecord {
@@ -69,19 +71,20 @@ impl ProgressRecord {
 
     /// Back to the pure progress; a record with a bad asset key or a negative
     /// counter is refused whole.
-    pub fn into_progress(self) -> Result<Progress, String> {
-        let count =
-            |v: i64, what: &str| u64::try_from(v).map_err(|_| format!("{what} is negative ({v})"));
+    pub fn into_progress(self) -> Result<Progress, WireError> {
         let mut baselines = BTreeMap::new();
         for b in self.baselines {
-            let asset = AssetKey::parse(&b.asset_key).map_err(|e| format!("baseline: {e}"))?;
+            let asset = AssetKey::parse(&b.asset_key).map_err(|source| WireError::Key {
+                field: "baselines.asset_key",
+                source,
+            })?;
             baselines.insert(
                 asset,
                 Baseline {
                     sequence: b.sequence,
                     data_sequence: b.data_sequence,
-                    commit_count: count(b.commit_count, "commit_count")?,
-                    data_commit_count: count(b.data_commit_count, "data_commit_count")?,
+                    commit_count: count("commit_count", b.commit_count)?,
+                    data_commit_count: count("data_commit_count", b.data_commit_count)?,
                     schema_id: b.schema_id,
                 },
             );
@@ -95,8 +98,8 @@ impl ProgressRecord {
             fire_at_ms: self.fire_at_ms,
             last_window_end_ms: self.last_window_end_ms,
             triggered_partitions: self.triggered_partitions.into(),
-            triggers_total: count(self.triggers_total, "triggers_total")?,
-            suppressed_total: count(self.suppressed_total, "suppressed_total")?,
+            triggers_total: count("triggers_total", self.triggers_total)?,
+            suppressed_total: count("suppressed_total", self.suppressed_total)?,
         })
     }
 }

@@ -69,6 +69,16 @@ pub struct TriggerInput {
     pub watermark_ms: Option<i64>,
 }
 
+impl From<&sluice_core::dependency::Target> for TriggerTarget {
+    fn from(t: &sluice_core::dependency::Target) -> Self {
+        TriggerTarget {
+            kind: t.kind.into(),
+            name: t.name.clone(),
+            parameters: t.parameters.clone(),
+        }
+    }
+}
+
 impl TriggerRecord {
     /// The trigger request of one fire of `spec`.
     pub fn of_fire(spec: &DependencySpec, fire: &Fire) -> TriggerRecord {
@@ -76,11 +86,7 @@ impl TriggerRecord {
             trigger_key: fire.key.as_str().to_owned(),
             dependency_id: spec.id.clone(),
             dependency_version: spec.version,
-            target: TriggerTarget {
-                kind: spec.target.kind.into(),
-                name: spec.target.name.clone(),
-                parameters: spec.target.parameters.clone(),
-            },
+            target: TriggerTarget::from(&spec.target),
             inputs: fire
                 .inputs
                 .iter()
