@@ -88,37 +88,56 @@ struct Entry {
     roles: BTreeMap<String, Role>,
 }
 
+/// Why a tokens file was refused (at start: the API does not start; on reload:
+/// the last good file stays in force).
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("tokens file: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("tokens file [{index}] ({name}): sha256 must be 64 hex digits")]
+    Digest { index: usize, name: String },
+    #[error("tokens file [{index}] ({name}): no roles")]
+    NoRoles { index: usize, name: String },
+    #[error("tokens file [{index}]: the same token as {other}")]
+    Duplicate { index: usize, other: String },
+}
+
 /// The parsed tokens file: digest → principal.
 #[derive(Debug, Default)]
 pub struct Tokens(BTreeMap<[u8; 32], Principal>);
 
 impl Tokens {
-    pub fn parse(text: &str) -> Result<Tokens, String> {
-        let entries: Vec<Entry> =
-            serde_json::from_str(text).map_err(|e| format!("tokens file: {e}"))?;
+    pub fn parse(text: &str) -> Result<Tokens, TokensError> {
+        let entries: Vec<Entry> = serde_json::from_str(text)?;
         let mut out = BTreeMap::new();
-        for (i, e) in entries.into_iter().enumerate() {
+        for (index, e) in entries.into_iter().enumerate() {
             let digest: [u8; 32] = hex::decode(e.sha256.trim())
                 .ok()
                 .and_then(|d| d.try_into().ok())
-                .ok_or_else(|| {
-                    format!(
-                        "tokens file [{i}] ({}): sha256 must be 64 hex digits",
-                        e.name
-                    )
+                .ok_or_else(|| TokensError::Digest {
+                    index,
+                    name: e.name.clone(),
                 })?;
             if e.roles.is_empty() {
-                return Err(format!("tokens file [{i}] ({}): no roles", e.name));
+                return Err(TokensError::NoRoles {
+                    index,
+                    name: e.name,
+                });
             }
             let principal = Principal {
                 name: e.name,
                 roles: e.roles,
             };
             if let Some(other) = out.insert(digest, principal) {
-                return Err(format!(
-                    "tokens file [{i}]: the same token as {}",
-                    other.name
-                ));
+                return Err(TokensError::Duplicate {
+                    index,
+                    other: other.name,
+                });
             }
         }
         Ok(Tokens(out))
@@ -146,7 +165,7 @@ struct Loaded {
 }
 
 impl TokenFile {
-    pub fn open(path: PathBuf) -> Result<TokenFile, String> {
+    pub fn open(path: PathBuf) -> Result<TokenFile, TokensError> {
         let (tokens, modified) = Self::load(&path)?;
         Ok(TokenFile {
             path,
@@ -158,9 +177,12 @@ impl TokenFile {
         })
     }
 
-    fn load(path: &PathBuf) -> Result<(Tokens, Option<SystemTime>), String> {
+    fn load(path: &PathBuf) -> Result<(Tokens, Option<SystemTime>), TokensError> {
         let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| TokensError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         Ok((Tokens::parse(&text)?, modified))
     }
 
@@ -221,6 +243,7 @@ mod tests {
         assert!(
             Tokens::parse(r#"[{"name": "x", "sha256": "zz", "roles": {"p": "viewer"}}]"#)
                 .expect_err("bad digest")
+                .to_string()
                 .contains("64 hex digits")
         );
         assert!(
@@ -229,6 +252,7 @@ mod tests {
                 digest("t")
             ))
             .expect_err("bad role")
+            .to_string()
             .contains("unknown variant `owner`")
         );
     }

@@ -106,8 +106,10 @@ impl Options {
 pub enum Error {
     #[error(transparent)]
     Start(#[from] StartError),
-    #[error("tokens: {0}")]
-    Tokens(String),
+    #[error(transparent)]
+    Tokens(#[from] auth::TokensError),
+    #[error("identity provider: {0}")]
+    IdentityProvider(String),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
     #[error("kafka: {0}")]
@@ -127,16 +129,14 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
     let c = &options.common;
     let tokens = match &options.tokens_file {
-        Some(path) => Some(Arc::new(
-            auth::TokenFile::open(path.clone()).map_err(Error::Tokens)?,
-        )),
+        Some(path) => Some(Arc::new(auth::TokenFile::open(path.clone())?)),
         None => None,
     };
     let idp = match options.jwt.clone() {
         Some((source, rules)) => Some(Arc::new(
             jwt::Provider::open(source, rules)
                 .await
-                .map_err(Error::Tokens)?,
+                .map_err(Error::IdentityProvider)?,
         )),
         None => None,
     };

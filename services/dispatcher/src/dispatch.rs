@@ -40,20 +40,22 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub async fn run(self: Arc<Self>, shutdown: Shutdown) -> Result<(), String> {
+    /// Runs until shutdown; a failing round (PostgreSQL away) is retried, never an end.
+    pub async fn run(self: Arc<Self>, shutdown: Shutdown) -> Result<(), std::convert::Infallible> {
         let mut sends: JoinSet<()> = JoinSet::new();
-        let mut failing = Duration::ZERO;
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        let mut failing;
         while !shutdown.is_stopping() {
             while sends.try_join_next().is_some() {}
             let claimed = match self.round(&mut sends).await {
                 Ok(claimed) => {
                     failing = Duration::ZERO;
+                    backoff.reset();
                     claimed
                 }
                 Err(e) => {
                     // PostgreSQL away: nothing is lost (all state is in it); try again.
-                    failing =
-                        (failing * 2).clamp(Duration::from_millis(200), Duration::from_secs(5));
+                    failing = backoff.next_wait();
                     tracing::warn!(error = %e, retry_ms = failing.as_millis() as u64, "dispatch round failed");
                     0
                 }

@@ -92,7 +92,9 @@ enum Ended {
 }
 
 impl Intake {
-    pub async fn run(mut self, shutdown: Shutdown) -> Result<(), String> {
+    /// Runs until shutdown: a consumer that fails fatally is rebuilt, an outage
+    /// retried; nothing ends it but the shutdown.
+    pub async fn run(mut self, shutdown: Shutdown) -> Result<(), std::convert::Infallible> {
         loop {
             match self.consume(&shutdown).await {
                 Ended::Stopped => return Ok(()),

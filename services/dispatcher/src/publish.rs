@@ -14,9 +14,24 @@ use sqlx::PgPool;
 use crate::metrics as m;
 use crate::store::{self, TransitionRow};
 
-fn record(row: &TransitionRow) -> Result<RunRecord, String> {
-    let status = JobStatus::parse(&row.status)
-        .ok_or_else(|| format!("transition {} has status {:?}", row.id, row.status))?;
+/// Why a batch of transitions did not go out (it is taken again next time).
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("runs topic: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("encoding a run: {0}")]
+    Codec(#[from] sluice_kit::CodecError),
+    #[error("transition {id} has status {status:?}")]
+    UnknownStatus { id: i64, status: String },
+}
+
+fn record(row: &TransitionRow) -> Result<RunRecord, PublishError> {
+    let status = JobStatus::parse(&row.status).ok_or_else(|| PublishError::UnknownStatus {
+        id: row.id,
+        status: row.status.clone(),
+    })?;
     Ok(RunRecord {
         trigger_key: row.trigger_key.clone(),
         dependency_id: row.dependency_id.clone(),
@@ -41,7 +56,8 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub async fn run(self, shutdown: Shutdown) -> Result<(), String> {
+    /// Runs until shutdown; an outage is retried, never an end.
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), std::convert::Infallible> {
         loop {
             let published = match self.publish_once().await {
                 Ok(n) => n,
@@ -67,11 +83,9 @@ impl Publisher {
     }
 
     /// Publishes one batch; returns how many transitions went out.
-    pub async fn publish_once(&self) -> Result<usize, String> {
-        let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
-        let rows = store::outbox_take(&mut tx, 500)
-            .await
-            .map_err(|e| e.to_string())?;
+    pub async fn publish_once(&self) -> Result<usize, PublishError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = store::outbox_take(&mut tx, 500).await?;
         if rows.is_empty() {
             return Ok(0);
         }
@@ -80,8 +94,7 @@ impl Publisher {
             let bytes = self
                 .codec
                 .encode(SchemaName::RunStatus, &self.topic, &record(row)?)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             pending.push((row.trigger_key.clone(), bytes));
         }
         let sends = pending.iter().map(|(k, v)| {
@@ -91,13 +104,11 @@ impl Publisher {
             )
         });
         for r in futures::future::join_all(sends).await {
-            r.map_err(|(e, _)| format!("runs topic: {e}"))?;
+            r.map_err(|(e, _)| e)?;
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        store::outbox_done(&mut tx, &ids)
-            .await
-            .map_err(|e| e.to_string())?;
-        tx.commit().await.map_err(|e| e.to_string())?;
+        store::outbox_done(&mut tx, &ids).await?;
+        tx.commit().await?;
         metrics::counter!(m::RUNS_PUBLISHED_TOTAL).increment(rows.len() as u64);
         Ok(rows.len())
     }

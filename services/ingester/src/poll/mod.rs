@@ -277,7 +277,7 @@ pub struct Poller {
 }
 
 impl Poller {
-    pub async fn run(self, shutdown: Shutdown) -> Result<(), String> {
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), std::convert::Infallible> {
         while !self.known.caught_up() {
             if shutdown.is_stopping() {
                 return Ok(());
