@@ -91,6 +91,8 @@ impl Pipeline {
         let admin = free_port();
         let mut cmd = Command::new(service_binary(&format!("sluice-{service}")));
         cmd.envs(self.common_env())
+            // The harness's own switch: the services would report it as unknown.
+            .env_remove("SLUICE_TEST_SERVICE_LOG")
             .env("SLUICE_INSTANCE", "0")
             .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{admin}"))
             .env("SLUICE_DATABASE_URL", &self.database_url)

@@ -16,6 +16,25 @@ const STEP: i64 = 5_000;
 /// Records read at most per request: older commits are out of reach of this view.
 const MAX_SCANNED: i64 = 50_000;
 
+/// Why the evidence log could not be read (the API answers 503).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitsError {
+    #[error("{topic}/{partition}: {source}")]
+    Kafka {
+        topic: String,
+        partition: i32,
+        source: KafkaError,
+    },
+    #[error("reading {topic}/{partition} {start}..{end} timed out at {next}")]
+    Timeout {
+        topic: String,
+        partition: i32,
+        start: i64,
+        end: i64,
+        next: i64,
+    },
+}
+
 pub struct Commits {
     pub config: ClientConfig,
     pub topic: String,
@@ -32,16 +51,24 @@ pub struct Found {
 }
 
 impl Commits {
+    fn kafka(&self, partition: i32) -> impl FnOnce(KafkaError) -> CommitsError + '_ {
+        move |source| CommitsError::Kafka {
+            topic: self.topic.clone(),
+            partition,
+            source,
+        }
+    }
+
     /// The newest `limit` events of `asset` (a blocking read).
-    pub fn newest(&self, asset: &AssetKey, limit: usize) -> Result<Found, String> {
+    pub fn newest(&self, asset: &AssetKey, limit: usize) -> Result<Found, CommitsError> {
         let partition =
             sluice_kit::kafka::partition_for(asset.as_str().as_bytes(), self.partitions);
         // The end of the partition is reported, so a read that ends on a
         // transaction marker (an offset no record has) still ends.
-        let consumer = sluice_kit::kafka::reader(&self.config).map_err(|e| e.to_string())?;
+        let consumer = sluice_kit::kafka::reader(&self.config).map_err(self.kafka(partition))?;
         let (low, high) = consumer
             .fetch_watermarks(&self.topic, partition, self.timeout)
-            .map_err(|e| format!("end of {}/{partition}: {e}", self.topic))?;
+            .map_err(self.kafka(partition))?;
         let mut found: Vec<AssetEvent> = Vec::new();
         let mut end = high;
         while end > low && found.len() < limit && high - end < MAX_SCANNED {
@@ -67,25 +94,28 @@ impl Commits {
         start: i64,
         end: i64,
         asset: &AssetKey,
-    ) -> Result<Vec<AssetEvent>, String> {
+    ) -> Result<Vec<AssetEvent>, CommitsError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.topic, partition, Offset::Offset(start))
-            .map_err(|e| e.to_string())?;
-        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+            .map_err(self.kafka(partition))?;
+        consumer.assign(&tpl).map_err(self.kafka(partition))?;
         let until = Instant::now() + self.timeout;
         let mut out = Vec::new();
         let mut next = start;
         while next < end {
             if Instant::now() > until {
-                return Err(format!(
-                    "reading {}/{partition} {start}..{end} timed out at {next}",
-                    self.topic
-                ));
+                return Err(CommitsError::Timeout {
+                    topic: self.topic.clone(),
+                    partition,
+                    start,
+                    end,
+                    next,
+                });
             }
             match consumer.poll(Duration::from_millis(100)) {
                 None => {}
                 Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => return Err(format!("{} read: {e}", self.topic)),
+                Some(Err(e)) => return Err(self.kafka(partition)(e)),
                 Some(Ok(msg)) => {
                     next = msg.offset() + 1;
                     if msg.offset() >= end || msg.key() != Some(asset.as_str().as_bytes()) {

@@ -68,18 +68,47 @@ enum Key {
 #[derive(Clone, Debug, Default)]
 pub struct Keys(BTreeMap<String, Key>);
 
-fn b64(field: &str, v: Option<&String>) -> Result<Vec<u8>, String> {
-    let v = v.ok_or_else(|| format!("JWK without {field}"))?;
+/// Why the identity provider's key set could not be read (at start: the API
+/// does not start; on refresh: the keys held stay in force).
+#[derive(Debug, thiserror::Error)]
+pub enum JwksError {
+    #[error("JWKS: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("JWK without {0}")]
+    Missing(&'static str),
+    #[error("JWK {field}: {source}")]
+    Base64 {
+        field: &'static str,
+        source: base64::DecodeError,
+    },
+    #[error("JWKS holds no RSA or P-256 key")]
+    NoKey,
+    #[error("{path}: {source}")]
+    File {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("JWKS {url}: {source}")]
+    Http { url: String, source: reqwest::Error },
+    #[error("JWKS {url}: HTTP {status}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+}
+
+fn b64(field: &'static str, v: Option<&String>) -> Result<Vec<u8>, JwksError> {
+    let v = v.ok_or(JwksError::Missing(field))?;
     URL_SAFE_NO_PAD
         .decode(v.trim_end_matches('='))
-        .map_err(|e| format!("JWK {field}: {e}"))
+        .map_err(|source| JwksError::Base64 { field, source })
 }
 
 impl Keys {
     /// Parses a JWKS document; keys of other types are skipped (a provider may
     /// publish encryption keys beside signing ones).
-    pub fn parse(text: &str) -> Result<Keys, String> {
-        let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("JWKS: {e}"))?;
+    pub fn parse(text: &str) -> Result<Keys, JwksError> {
+        let set: JwkSet = serde_json::from_str(text)?;
         let mut keys = BTreeMap::new();
         for k in set.keys {
             let key = match (k.kty.as_str(), k.crv.as_deref()) {
@@ -98,7 +127,7 @@ impl Keys {
             keys.insert(k.kid.unwrap_or_default(), key);
         }
         if keys.is_empty() {
-            return Err("JWKS holds no RSA or P-256 key".into());
+            return Err(JwksError::NoKey);
         }
         Ok(Keys(keys))
     }
@@ -264,11 +293,14 @@ const MIN_REFETCH: Duration = Duration::from_secs(30);
 
 impl Provider {
     /// Loads the keys once: a provider that cannot be read is a start-up error.
-    pub async fn open(source: Source, rules: Rules) -> Result<Provider, String> {
+    pub async fn open(source: Source, rules: Rules) -> Result<Provider, JwksError> {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
-            .map_err(|e| format!("JWKS client: {e}"))?;
+            .map_err(|source| JwksError::Http {
+                url: "(client)".into(),
+                source,
+            })?;
         let (keys, modified) = load(&source, &client).await?;
         Ok(Provider {
             source,
@@ -338,24 +370,29 @@ impl Provider {
 async fn load(
     source: &Source,
     client: &reqwest::Client,
-) -> Result<(Keys, Option<SystemTime>), String> {
+) -> Result<(Keys, Option<SystemTime>), JwksError> {
     match source {
         Source::File(path) => {
             let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path).map_err(|source| JwksError::File {
+                path: path.display().to_string(),
+                source,
+            })?;
             Ok((Keys::parse(&text)?, modified))
         }
         Source::Url(url) => {
-            let resp = client
-                .get(url)
-                .send()
-                .await
-                .map_err(|e| format!("JWKS {url}: {e}"))?;
+            let http = |source| JwksError::Http {
+                url: url.clone(),
+                source,
+            };
+            let resp = client.get(url).send().await.map_err(http)?;
             if !resp.status().is_success() {
-                return Err(format!("JWKS {url}: HTTP {}", resp.status()));
+                return Err(JwksError::Status {
+                    url: url.clone(),
+                    status: resp.status(),
+                });
             }
-            let text = resp.text().await.map_err(|e| format!("JWKS {url}: {e}"))?;
+            let text = resp.text().await.map_err(http)?;
             Ok((Keys::parse(&text)?, None))
         }
     }

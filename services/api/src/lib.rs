@@ -109,7 +109,7 @@ pub enum Error {
     #[error(transparent)]
     Tokens(#[from] auth::TokensError),
     #[error("identity provider: {0}")]
-    IdentityProvider(String),
+    IdentityProvider(#[from] jwt::JwksError),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
     #[error("kafka: {0}")]
@@ -133,11 +133,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         None => None,
     };
     let idp = match options.jwt.clone() {
-        Some((source, rules)) => Some(Arc::new(
-            jwt::Provider::open(source, rules)
-                .await
-                .map_err(Error::IdentityProvider)?,
-        )),
+        Some((source, rules)) => Some(Arc::new(jwt::Provider::open(source, rules).await?)),
         None => None,
     };
     let pool = PgPoolOptions::new()
