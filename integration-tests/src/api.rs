@@ -66,3 +66,36 @@ impl Api {
         run["status"].as_str().unwrap_or_default().to_owned()
     }
 }
+
+/// A tokens file for `sluice-api` with `(name, token, roles)` entries (stored
+/// hashed, as in production); its path.
+pub fn tokens_file(entries: &[(&str, &str, Value)]) -> String {
+    use sha2::{Digest, Sha256};
+    let path = std::env::temp_dir().join(format!("{}.json", crate::unique("api-tokens")));
+    let entries: Vec<Value> = entries
+        .iter()
+        .map(|(name, token, roles)| {
+            serde_json::json!({"name": name, "sha256": hex::encode(Sha256::digest(token.as_bytes())), "roles": roles})
+        })
+        .collect();
+    std::fs::write(&path, Value::Array(entries).to_string()).expect("tokens file");
+    path.to_string_lossy().into_owned()
+}
+
+/// Pushes one commit of `asset` at `seq` to the ingester's HTTP endpoint `url`.
+pub async fn push(client: &reqwest::Client, url: &str, asset: &str, seq: i64) {
+    let body = serde_json::json!({"asset_key": asset, "format": "paimon", "snapshot_id": seq, "sequence": seq,
+        "commit_time_ms": 1_764_633_600_000i64 + seq, "operation": "append", "partitions": ["dt=2026-12-04"]});
+    let r = client
+        .post(url)
+        .bearer_auth(crate::pipeline::TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("ingester answers");
+    assert!(
+        r.status().is_success(),
+        "push {asset}@{seq}: {}",
+        r.status()
+    );
+}

@@ -13,11 +13,10 @@ use axum::routing::post;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use sluice_core::DependencySpec;
-use sluice_integration_tests::api::Api;
-use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
-use sluice_integration_tests::{eventually, free_port, kafka, unique};
+use sluice_integration_tests::api::{Api, push};
+use sluice_integration_tests::pipeline::Pipeline;
+use sluice_integration_tests::{eventually, free_port, kafka};
 use sluice_kit::wire::WireSpec;
 use sluice_kit::{Codec, SchemaName, Topic};
 
@@ -25,31 +24,10 @@ const EDITOR: &str = "gmv-editor-token-0123456789";
 const ADMIN: &str = "root-token-0123456789";
 
 fn tokens_file() -> String {
-    let path = std::env::temp_dir().join(format!("{}.json", unique("api-tokens")));
-    let digest = |t: &str| hex::encode(Sha256::digest(t.as_bytes()));
-    let entries = json!([
-        {"name": "gmv-editor", "sha256": digest(EDITOR), "roles": {"gmv": "editor"}},
-        {"name": "root", "sha256": digest(ADMIN), "roles": {"*": "admin"}},
-    ]);
-    std::fs::write(&path, entries.to_string()).expect("tokens file");
-    path.to_string_lossy().into_owned()
-}
-
-async fn push(client: &reqwest::Client, url: &str, asset: &str, seq: i64) {
-    let body = json!({"asset_key": asset, "format": "paimon", "snapshot_id": seq, "sequence": seq,
-        "commit_time_ms": 1_764_633_600_000i64 + seq, "operation": "append", "partitions": ["dt=2026-12-04"]});
-    let r = client
-        .post(url)
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("ingester answers");
-    assert!(
-        r.status().is_success(),
-        "push {asset}@{seq}: {}",
-        r.status()
-    );
+    sluice_integration_tests::api::tokens_file(&[
+        ("gmv-editor", EDITOR, json!({"gmv": "editor"})),
+        ("root", ADMIN, json!({"*": "admin"})),
+    ])
 }
 
 #[tokio::test]

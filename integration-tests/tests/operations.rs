@@ -12,9 +12,8 @@ use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use axum::routing::post;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use sluice_integration_tests::api::Api;
-use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
+use sluice_integration_tests::api::{Api, push};
+use sluice_integration_tests::pipeline::Pipeline;
 use sluice_integration_tests::{eventually, free_port, service_binary, unique};
 
 const OPERATOR: &str = "gmv-operator-token-0123456789";
@@ -22,32 +21,11 @@ const VIEWER: &str = "gmv-viewer-token-0123456789";
 const ADMIN: &str = "root-token-0123456789";
 
 fn tokens_file() -> String {
-    let path = std::env::temp_dir().join(format!("{}.json", unique("ops-tokens")));
-    let digest = |t: &str| hex::encode(Sha256::digest(t.as_bytes()));
-    let entries = json!([
-        {"name": "gmv-operator", "sha256": digest(OPERATOR), "roles": {"gmv": "operator"}},
-        {"name": "gmv-viewer", "sha256": digest(VIEWER), "roles": {"gmv": "viewer"}},
-        {"name": "root", "sha256": digest(ADMIN), "roles": {"*": "admin"}},
-    ]);
-    std::fs::write(&path, entries.to_string()).expect("tokens file");
-    path.to_string_lossy().into_owned()
-}
-
-async fn push(client: &reqwest::Client, url: &str, asset: &str, seq: i64) {
-    let body = json!({"asset_key": asset, "format": "paimon", "snapshot_id": seq, "sequence": seq,
-        "commit_time_ms": 1_764_633_600_000i64 + seq, "operation": "append"});
-    let r = client
-        .post(url)
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("ingester answers");
-    assert!(
-        r.status().is_success(),
-        "push {asset}@{seq}: {}",
-        r.status()
-    );
+    sluice_integration_tests::api::tokens_file(&[
+        ("gmv-operator", OPERATOR, json!({"gmv": "operator"})),
+        ("gmv-viewer", VIEWER, json!({"gmv": "viewer"})),
+        ("root", ADMIN, json!({"*": "admin"})),
+    ])
 }
 
 /// The sends a webhook receiver took, by path, with their Idempotency-Key.

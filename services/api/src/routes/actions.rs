@@ -43,6 +43,20 @@ fn action_body(body: &Bytes, headers: &HeaderMap) -> Result<ActionBody, ApiError
     Ok(b)
 }
 
+/// What every action starts with: the caller, the engine's state read, the
+/// `dry_run` flag and the body.
+async fn begin(
+    app: &App,
+    headers: &HeaderMap,
+    q: HashMap<String, String>,
+    body: &Bytes,
+) -> Result<(Principal, bool, ActionBody), ApiError> {
+    let p = app.principal(headers).await?;
+    app.ready()?;
+    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
+    Ok((p, dry_run, action_body(body, headers)?))
+}
+
 impl ActionBody {
     fn request_id(&self) -> Result<&str, ApiError> {
         self.request_id.as_deref().ok_or_else(|| {
@@ -105,10 +119,7 @@ async fn set_paused(
     body: Bytes,
     paused: bool,
 ) -> Answer {
-    let p = app.principal(&headers).await?;
-    app.ready()?;
-    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
-    let body = action_body(&body, &headers)?;
+    let (p, dry_run, body) = begin(&app, &headers, q, &body).await?;
     let current = spec_for(&app, &p, &id, Role::Operator)?;
     check_if_match(&headers, Some(&current))?;
     if current.paused == paused {
@@ -154,10 +165,7 @@ pub(super) async fn run_dependency(
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Answer {
-    let p = app.principal(&headers).await?;
-    app.ready()?;
-    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
-    let body = action_body(&body, &headers)?;
+    let (p, dry_run, body) = begin(&app, &headers, q, &body).await?;
     let spec = spec_for(&app, &p, &id, Role::Operator)?;
     let request_id = body.request_id()?.to_owned();
     let now = sluice_kit::clock::now_ms();
@@ -226,10 +234,7 @@ pub(super) async fn rerun(
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Answer {
-    let p = app.principal(&headers).await?;
-    app.ready()?;
-    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
-    let body = action_body(&body, &headers)?;
+    let (p, dry_run, body) = begin(&app, &headers, q, &body).await?;
     let Some(original) = db::run(&app.pool, &of).await? else {
         return Err(not_found(format!("no run {of:?}")));
     };
