@@ -60,6 +60,8 @@ pub struct RunFilter {
     pub status: Option<String>,
     pub dependency: Option<String>,
     pub target: Option<String>,
+    /// Only this backfill's runs.
+    pub backfill: Option<String>,
     /// Only these dependencies (the caller's projects); none: all.
     pub visible: Option<Vec<String>>,
 }
@@ -78,6 +80,7 @@ pub async fn runs(
          JOIN trigger_history t USING (trigger_key) \
          WHERE ($1::text IS NULL OR j.status = $1) AND ($2::text IS NULL OR t.dependency_id = $2) \
          AND ($3::text IS NULL OR t.target_name = $3) AND ($4::text[] IS NULL OR t.dependency_id = ANY($4)) \
+         AND ($7::text IS NULL OR j.backfill_id = $7) \
          ORDER BY (j.status = 'UNKNOWN') DESC, j.updated_at DESC, j.trigger_key \
          OFFSET $5 LIMIT $6) x"
     );
@@ -88,6 +91,7 @@ pub async fn runs(
         .bind(&f.visible)
         .bind(offset)
         .bind(limit)
+        .bind(&f.backfill)
         .fetch_one(pool)
         .await?;
     Ok(parse(text)?.as_array().cloned().unwrap_or_default().into())
@@ -175,4 +179,151 @@ pub async fn audit_log(
     .fetch_one(pool)
     .await?;
     Ok(parse(text)?.as_array().cloned().unwrap_or_default().into())
+}
+
+/// A backfill as submitted, before its triggers are published.
+pub struct NewBackfill<'a> {
+    pub backfill_id: &'a str,
+    pub dependency_id: &'a str,
+    pub project: &'a str,
+    pub target_kind: &'a str,
+    pub target_name: &'a str,
+    pub request: &'a Value,
+    pub items_total: i32,
+    pub max_in_flight: Option<i32>,
+    pub per_minute: Option<i32>,
+    pub requested_by: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+/// Records a backfill once; returns false if its id was recorded before (a
+/// resubmit), leaving the first record as it was.
+pub async fn insert_backfill(pool: &PgPool, b: &NewBackfill<'_>) -> Result<bool, sqlx::Error> {
+    let inserted: Option<String> = sqlx::query_scalar(
+        "INSERT INTO backfills (backfill_id, dependency_id, project, target_kind, target_name, \
+         request, items_total, max_in_flight, per_minute, requested_by, reason) \
+         VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, $9, $10, $11) \
+         ON CONFLICT (backfill_id) DO NOTHING RETURNING backfill_id",
+    )
+    .bind(b.backfill_id)
+    .bind(b.dependency_id)
+    .bind(b.project)
+    .bind(b.target_kind)
+    .bind(b.target_name)
+    .bind(b.request.to_string())
+    .bind(b.items_total)
+    .bind(b.max_in_flight)
+    .bind(b.per_minute)
+    .bind(b.requested_by)
+    .bind(b.reason)
+    .fetch_optional(pool)
+    .await?;
+    Ok(inserted.is_some())
+}
+
+/// A backfill with its progress: its jobs counted by status (`recorded` is how
+/// many of its items the dispatcher has taken from the triggers topic so far).
+macro_rules! backfill_columns {
+    () => {
+        "b.backfill_id, b.dependency_id, b.project, b.target_kind, b.target_name, b.request, \
+         b.items_total, b.max_in_flight, b.per_minute, b.requested_by, b.reason, \
+         (extract(epoch FROM b.created_at) * 1000)::bigint AS created_ms, \
+         (extract(epoch FROM b.cancelled_at) * 1000)::bigint AS cancelled_ms, b.cancelled_by, \
+         (SELECT json_build_object( \
+            'recorded', count(*), \
+            'pending', count(*) FILTER (WHERE j.status = 'PENDING'), \
+            'running', count(*) FILTER (WHERE j.status IN ('RUNNING', 'UNKNOWN')), \
+            'succeeded', count(*) FILTER (WHERE j.status = 'SUCCEEDED'), \
+            'failed', count(*) FILTER (WHERE j.status = 'FAILED'), \
+            'cancelled', count(*) FILTER (WHERE j.status = 'CANCELLED')) \
+          FROM jobs j WHERE j.backfill_id = b.backfill_id) AS jobs"
+    };
+}
+
+pub async fn backfill(pool: &PgPool, id: &str) -> Result<Option<Value>, sqlx::Error> {
+    let sql = concat!(
+        "SELECT row_to_json(x)::text FROM (SELECT ",
+        backfill_columns!(),
+        " FROM backfills b WHERE b.backfill_id = $1) x"
+    );
+    let text: Option<String> = sqlx::query_scalar(sql)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    text.map(|t| parse(Some(t)).map(progress)).transpose()
+}
+
+/// Backfills newest first, of one dependency or of those visible (none: all).
+pub async fn backfills(
+    pool: &PgPool,
+    dependency: Option<&str>,
+    visible: Option<&[String]>,
+    offset: i64,
+    limit: i64,
+) -> Result<Vec<Value>, sqlx::Error> {
+    let sql = concat!(
+        "SELECT json_agg(x)::text FROM (SELECT ",
+        backfill_columns!(),
+        " FROM backfills b WHERE ($1::text IS NULL OR b.dependency_id = $1) \
+         AND ($2::text[] IS NULL OR b.dependency_id = ANY($2)) \
+         ORDER BY b.created_at DESC, b.backfill_id OFFSET $3 LIMIT $4) x"
+    );
+    let text: Option<String> = sqlx::query_scalar(sql)
+        .bind(dependency)
+        .bind(visible)
+        .bind(offset)
+        .bind(limit)
+        .fetch_one(pool)
+        .await?;
+    Ok(parse(text)?
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(progress)
+        .collect())
+}
+
+/// Marks a backfill cancelled (the dispatcher then cancels its PENDING jobs);
+/// false if it already was.
+pub async fn cancel_backfill(pool: &PgPool, id: &str, by: &str) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE backfills SET cancelled_at = now(), cancelled_by = $2 \
+         WHERE backfill_id = $1 AND cancelled_at IS NULL",
+    )
+    .bind(id)
+    .bind(by)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Adds the progress a person reads: items not yet recorded count as pending;
+/// the state is `cancelled` (its jobs under way may still finish), `done` (every
+/// item ended, failed ones included), or `running`.
+fn progress(mut b: Value) -> Value {
+    let n = |v: &Value, k: &str| v["jobs"][k].as_i64().unwrap_or(0);
+    let total = b["items_total"].as_i64().unwrap_or(0);
+    let pending = n(&b, "pending") + (total - n(&b, "recorded")).max(0);
+    let ended = n(&b, "succeeded") + n(&b, "failed") + n(&b, "cancelled");
+    let state = if !b["cancelled_ms"].is_null() {
+        "cancelled"
+    } else if ended >= total {
+        "done"
+    } else {
+        "running"
+    };
+    b["progress"] = serde_json::json!({
+        "total": total,
+        "pending": pending,
+        "running": n(&b, "running"),
+        "succeeded": n(&b, "succeeded"),
+        "failed": n(&b, "failed"),
+        "cancelled": n(&b, "cancelled"),
+    });
+    b["state"] = state.into();
+    if let Some(o) = b.as_object_mut() {
+        o.remove("jobs");
+    }
+    b
 }

@@ -33,6 +33,7 @@ use crate::jwt::Provider;
 use crate::view::{Tables, View};
 
 mod actions;
+mod backfills;
 
 /// Every route, as `openapi.json` documents it (a test holds the two together).
 pub const ROUTES: &[(&str, &str)] = &[
@@ -51,6 +52,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/dependencies/{id}/resume"),
     ("post", "/v1/dependencies/{id}/runs"),
     ("post", "/v1/runs/{trigger_key}/rerun"),
+    ("post", "/v1/dependencies/{id}/backfills"),
+    ("get", "/v1/backfills"),
+    ("get", "/v1/backfills/{backfill_id}"),
+    ("post", "/v1/backfills/{backfill_id}/cancel"),
     ("get", "/v1/runs"),
     ("get", "/v1/runs/{trigger_key}"),
     ("get", "/v1/lineage"),
@@ -105,6 +110,16 @@ pub fn router(app: App) -> Router {
         )
         .route("/v1/dependencies/{id}/runs", post(actions::run_dependency))
         .route("/v1/runs/{trigger_key}/rerun", post(actions::rerun))
+        .route(
+            "/v1/dependencies/{id}/backfills",
+            post(backfills::submit_backfill),
+        )
+        .route("/v1/backfills", get(backfills::list_backfills))
+        .route("/v1/backfills/{backfill_id}", get(backfills::get_backfill))
+        .route(
+            "/v1/backfills/{backfill_id}/cancel",
+            post(backfills::cancel_backfill),
+        )
         .route("/v1/runs", get(list_runs))
         .route("/v1/runs/{trigger_key}", get(get_run))
         .route("/v1/lineage", get(lineage))
@@ -974,14 +989,17 @@ async fn list_runs(
     Query(q): Query<HashMap<String, String>>,
 ) -> Answer {
     let p = app.principal(&headers).await?;
-    let q = Params::new(q, &["status", "dependency", "target", "limit", "cursor"])?;
+    let q = Params::new(
+        q,
+        &["status", "dependency", "target", "backfill", "limit", "cursor"],
+    )?;
     let limit = q.limit(app.max_page, 100)?;
     let status = q.get("status").map(str::to_ascii_uppercase);
     if let Some(s) = &status
         && sluice_core::JobStatus::parse(s).is_none()
     {
         return Err(bad(format!(
-            "status must be one of PENDING, RUNNING, SUCCEEDED, FAILED, UNKNOWN; got {s:?}"
+            "status must be one of PENDING, RUNNING, SUCCEEDED, FAILED, UNKNOWN, CANCELLED; got {s:?}"
         )));
     }
     let offset = match q.get("cursor") {
@@ -1006,6 +1024,7 @@ async fn list_runs(
         status,
         dependency: q.get("dependency").map(str::to_owned),
         target: q.get("target").map(str::to_owned),
+        backfill: q.get("backfill").map(str::to_owned),
         visible,
     };
     let rows = db::runs(&app.pool, &filter, offset, limit as i64 + 1).await?;

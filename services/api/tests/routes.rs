@@ -142,6 +142,7 @@ fn concrete(path: &str) -> String {
     path.replace("{key}", "lake.ods.order")
         .replace("{id}", "gmv-dep")
         .replace("{trigger_key}", "tk1-0123456789abcdef0123456789abcdef")
+        .replace("{backfill_id}", "bf-0123456789abcdef01234567")
 }
 
 #[tokio::test]

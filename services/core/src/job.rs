@@ -8,6 +8,7 @@
 //!      ▲                  │ ├───failed─────► FAILED (or PENDING again: retry)
 //!      │                  │ └─deadline/lost► UNKNOWN ──reconcile──► PENDING | SUCCEEDED | FAILED
 //!      └──────────────────┴─────────────────────────── operator settle (UNKNOWN)
+//!   PENDING ──its backfill cancelled──► CANCELLED (never sent)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +21,8 @@ pub enum JobStatus {
     Succeeded,
     Failed,
     Unknown,
+    /// A backfill's job that was still PENDING when the backfill was cancelled.
+    Cancelled,
 }
 
 impl JobStatus {
@@ -30,6 +33,7 @@ impl JobStatus {
             JobStatus::Succeeded => "SUCCEEDED",
             JobStatus::Failed => "FAILED",
             JobStatus::Unknown => "UNKNOWN",
+            JobStatus::Cancelled => "CANCELLED",
         }
     }
 
@@ -40,6 +44,7 @@ impl JobStatus {
             Self::Succeeded,
             Self::Failed,
             Self::Unknown,
+            Self::Cancelled,
         ]
         .into_iter()
         .find(|st| st.as_str() == s)
@@ -47,6 +52,9 @@ impl JobStatus {
 
     /// No transition leaves a terminal status (FAILED only by an explicit retry).
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobStatus::Succeeded | JobStatus::Failed)
+        matches!(
+            self,
+            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Cancelled
+        )
     }
 }

@@ -14,8 +14,10 @@
 //! * [`grants`] — which project may read which namespaces and trigger which targets.
 //! * [`trigger`] — [`TriggerKey`], the exactly-once identity of a trigger.
 //! * [`job`] — the statuses of a dispatch job.
+//! * [`backfill`] — what a backfill covers: its items, one trigger each, and its id.
 
 pub mod asset;
+pub mod backfill;
 pub mod condition;
 pub mod decide;
 pub mod dependency;

@@ -41,6 +41,9 @@ pub enum TriggerBasis {
     Manual { request_id: String },
     /// A re-run of the run `of`: one trigger per (original, request id).
     Rerun { of: String, request_id: String },
+    /// One item of a backfill (`crate::backfill`): one trigger per (backfill, item),
+    /// never equal to a live trigger of the same partition or window.
+    Backfill { backfill_id: String, item: String },
 }
 
 /// The identity that PostgreSQL's unique constraint and every idempotency key use.
@@ -75,6 +78,9 @@ impl TriggerKey {
             }
             TriggerBasis::Rerun { of, request_id } => {
                 c.str("rerun").str(of).str(request_id);
+            }
+            TriggerBasis::Backfill { backfill_id, item } => {
+                c.str("backfill").str(backfill_id).str(item);
             }
         }
         TriggerKey(format!("tk1-{}", c.hex(16)))

@@ -6,6 +6,7 @@ pub const TRIGGERS_DEAD_LETTERED_TOTAL: &str = "sluice_dispatcher_triggers_dead_
 pub const SENDS_TOTAL: &str = "sluice_dispatcher_sends_total";
 pub const SENDS_WITHHELD_TOTAL: &str = "sluice_dispatcher_sends_withheld_total";
 pub const SWEPT_TOTAL: &str = "sluice_dispatcher_deadline_swept_total";
+pub const BACKFILL_CANCELLED_TOTAL: &str = "sluice_dispatcher_backfill_cancelled_total";
 pub const RECONCILED_TOTAL: &str = "sluice_dispatcher_reconciled_total";
 pub const TRANSITIONS_LOST_TOTAL: &str = "sluice_dispatcher_transitions_lost_total";
 pub const UNROUTABLE_TOTAL: &str = "sluice_dispatcher_unroutable_total";
@@ -35,6 +36,10 @@ pub fn describe() {
         "Claimed jobs not sent because the pre-send check found them moved (or could not be made)"
     );
     describe_counter!(SWEPT_TOTAL, "RUNNING jobs past their deadline made UNKNOWN");
+    describe_counter!(
+        BACKFILL_CANCELLED_TOTAL,
+        "PENDING jobs of cancelled backfills made CANCELLED"
+    );
     describe_counter!(
         RECONCILED_TOTAL,
         "UNKNOWN jobs settled by asking the target"

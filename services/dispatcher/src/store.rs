@@ -31,7 +31,7 @@ pub struct NewTrigger {
     pub requested_ms: i64,
     pub source_partition: i32,
     pub source_offset: i64,
-    /// `data`, `manual` or `rerun`.
+    /// `data`, `manual`, `rerun` or `backfill`.
     pub origin: String,
     pub requested_by: Option<String>,
     pub request_id: Option<String>,
@@ -71,10 +71,14 @@ WITH input AS (
            (SELECT h.trigger_key FROM trigger_history h WHERE h.trigger_key = i.rerun_of)
     FROM input i ORDER BY i.trigger_key, i.source_offset
     ON CONFLICT (trigger_key) DO NOTHING
-    RETURNING trigger_key, dependency_id, target_kind, target_name
+    RETURNING trigger_key, dependency_id, target_kind, target_name, origin, request_id
 )
-INSERT INTO jobs (trigger_key, dependency_id, status, target_kind, target_name)
-SELECT trigger_key, dependency_id, 'PENDING', target_kind, target_name FROM new
+INSERT INTO jobs (trigger_key, dependency_id, status, target_kind, target_name, backfill_id)
+SELECT n.trigger_key, n.dependency_id, 'PENDING', n.target_kind, n.target_name,
+       -- a backfill item is paced as its backfill; one this database never saw
+       -- (written to the topic by hand) is dispatched as a live trigger
+       (SELECT b.backfill_id FROM backfills b WHERE n.origin = 'backfill' AND b.backfill_id = n.request_id)
+FROM new n
 RETURNING trigger_key"#,
     )
     .bind(col!(trigger_key))
@@ -184,6 +188,14 @@ pub struct ClaimLimits {
     pub deadline: Duration,
 }
 
+impl ClaimLimits {
+    /// The most of the target's slots one backfill may hold: half (at least one),
+    /// so live triggers always find a slot free when the target has two or more.
+    pub fn backfill_share(&self) -> u32 {
+        (self.max_in_flight / 2).max(1)
+    }
+}
+
 /// markRunning for up to the target's free capacity: PENDING → RUNNING with a
 /// fresh invocation id, this epoch and a deadline, committed before any send.
 /// The target's advisory lock makes the in-flight cap hold across instances;
@@ -209,19 +221,51 @@ WITH running AS (
     -- its outcome is known (settled, reconciled or proven dead).
     SELECT count(*) AS n FROM jobs
     WHERE status IN ('RUNNING', 'UNKNOWN') AND target_kind = $1 AND target_name = $2
-), picked AS (
+), room AS (
+    SELECT GREATEST(0, LEAST($3::bigint, $4::bigint - (SELECT n FROM running))) AS n
+), live AS (
+    -- Live triggers first: a backfill's backlog never stands in front of them.
     SELECT trigger_key FROM jobs
-    WHERE status = 'PENDING' AND target_kind = $1 AND target_name = $2 AND next_attempt_at <= now()
+    WHERE status = 'PENDING' AND backfill_id IS NULL AND target_kind = $1 AND target_name = $2
+      AND next_attempt_at <= now()
     ORDER BY next_attempt_at, trigger_key
-    LIMIT GREATEST(0, LEAST($3::bigint, $4::bigint - (SELECT n FROM running)))
-    FOR UPDATE SKIP LOCKED
+    LIMIT (SELECT n FROM room)
+), share AS (
+    -- What each backfill on this target may start now: its slots (the request's,
+    -- at most the target's share) less its jobs under way, and its pace less its
+    -- claims of the last minute.
+    SELECT b.backfill_id, b.created_at,
+           LEAST(LEAST(coalesce(b.max_in_flight, $8::int), $8::int)
+                   - (SELECT count(*) FROM jobs r WHERE r.backfill_id = b.backfill_id
+                                                    AND r.status IN ('RUNNING', 'UNKNOWN')),
+                 CASE WHEN b.per_minute IS NULL THEN $3::bigint
+                      ELSE b.per_minute - (SELECT count(*) FROM jobs r
+                                           WHERE r.backfill_id = b.backfill_id
+                                             AND r.claimed_at > now() - interval '1 minute')
+                 END) AS n
+    FROM backfills b
+    WHERE b.target_kind = $1 AND b.target_name = $2 AND b.cancelled_at IS NULL
+      AND EXISTS (SELECT 1 FROM jobs p WHERE p.backfill_id = b.backfill_id AND p.status = 'PENDING')
+), backfill AS (
+    -- The room live triggers left, oldest backfill first.
+    SELECT p.trigger_key FROM share s CROSS JOIN LATERAL (
+        SELECT j.trigger_key, j.next_attempt_at FROM jobs j
+        WHERE j.backfill_id = s.backfill_id AND j.status = 'PENDING' AND j.next_attempt_at <= now()
+        ORDER BY j.next_attempt_at, j.trigger_key
+        LIMIT GREATEST(0, s.n)
+    ) p
+    ORDER BY s.created_at, s.backfill_id, p.next_attempt_at, p.trigger_key
+    LIMIT GREATEST(0, (SELECT n FROM room) - (SELECT count(*) FROM live))
+), picked AS (
+    SELECT trigger_key FROM live UNION ALL SELECT trigger_key FROM backfill
 )
 UPDATE jobs j SET status = 'RUNNING', revision = j.revision + 1, attempt = j.attempt + 1,
        invocation_id = gen_random_uuid()::text, epoch = $5, lease_owner = $6,
        deadline_at = now() + $7 * interval '1 millisecond', lease_until = NULL,
-       external_id = NULL, reason = NULL, updated_at = now()
+       external_id = NULL, reason = NULL, updated_at = now(), claimed_at = now()
 FROM picked, trigger_history h
-WHERE j.trigger_key = picked.trigger_key AND h.trigger_key = j.trigger_key
+-- the status guard: a job an operator or a cancel moved since the pick stays where it is
+WHERE j.trigger_key = picked.trigger_key AND h.trigger_key = j.trigger_key AND j.status = 'PENDING'
 RETURNING "#,
         claimed_columns!()
     );
@@ -233,10 +277,26 @@ RETURNING "#,
         .bind(epoch)
         .bind(instance)
         .bind(millis(limits.deadline))
+        .bind(limits.backfill_share() as i32)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
     rows.iter().map(claimed).collect()
+}
+
+/// A cancelled backfill's jobs still PENDING become CANCELLED (never sent); its
+/// jobs under way finish. Returns how many were cancelled.
+pub async fn cancel_backfill_jobs(pool: &PgPool) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        r#"
+UPDATE jobs j SET status = 'CANCELLED', revision = j.revision + 1, updated_at = now(),
+       reason = 'backfill ' || b.backfill_id || ' cancelled by ' || coalesce(b.cancelled_by, 'an operator')
+FROM backfills b
+WHERE j.backfill_id = b.backfill_id AND b.cancelled_at IS NOT NULL AND j.status = 'PENDING'"#,
+    )
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// The pre-send check of the Doris dispatcher design: right before the send, the

@@ -64,14 +64,19 @@ impl SchemaName {
     /// The earlier versions of this schema (`schemas/history/<stem>.<n>.avsc`),
     /// oldest first: a record written under one of them is still read, its new
     /// fields taking their defaults. A schema change copies the current file
-    /// there before editing it, and may only add fields with defaults.
+    /// there before editing it, and may only add fields with defaults or append
+    /// enum symbols.
     pub fn history(self) -> &'static [&'static str] {
         match self {
             SchemaName::DependencySpec => &[include_str!(
                 "../../../schemas/history/dependency-spec.1.avsc"
             )],
-            SchemaName::TriggerRequest => &[include_str!(
-                "../../../schemas/history/trigger-request.1.avsc"
+            SchemaName::TriggerRequest => &[
+                include_str!("../../../schemas/history/trigger-request.1.avsc"),
+                include_str!("../../../schemas/history/trigger-request.2.avsc"),
+            ],
+            SchemaName::RunStatus => &[include_str!(
+                "../../../schemas/history/run-status.1.avsc"
             )],
             _ => &[],
         }

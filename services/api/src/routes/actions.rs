@@ -69,7 +69,7 @@ impl ActionBody {
 }
 
 /// The accepted spec of `id`, for an action by `p` needing `role`.
-fn spec_for(app: &App, p: &Principal, id: &str, role: Role) -> Result<DependencySpec, ApiError> {
+pub(super) fn spec_for(app: &App, p: &Principal, id: &str, role: Role) -> Result<DependencySpec, ApiError> {
     let mut t = app.view.write();
     forbidden_or_missing(p, &t, id)?;
     if let Some(why) = t.refusal(id) {
@@ -155,6 +155,29 @@ async fn set_paused(
     ok(json!({"id": id, "paused": paused, "changed": true, "version": next.version}))
 }
 
+/// The inputs' current snapshots (the newest data commit of each, else its
+/// newest commit) and the newest of their commit times.
+pub(super) fn current_inputs(app: &App, spec: &DependencySpec) -> (Vec<TriggerInput>, Option<i64>) {
+    let t = app.view.read();
+    let mut newest = None::<i64>;
+    let inputs = spec
+        .inputs()
+        .iter()
+        .filter_map(|a| {
+            let (state, _) = t.assets.get(a)?;
+            let c = state.latest_data.as_ref().or(state.latest.as_ref())?;
+            newest = newest.max(Some(c.commit_time_ms));
+            Some(TriggerInput {
+                asset_key: a.as_str().to_owned(),
+                snapshot_id: c.snapshot_id,
+                sequence: c.sequence,
+                watermark_ms: state.watermark_ms,
+            })
+        })
+        .collect();
+    (inputs, newest)
+}
+
 /// Run now: one trigger of the dependency with its inputs' current snapshots,
 /// whether or not its condition holds (and whether or not it is paused: the
 /// operator asked).
@@ -169,26 +192,7 @@ pub(super) async fn run_dependency(
     let spec = spec_for(&app, &p, &id, Role::Operator)?;
     let request_id = body.request_id()?.to_owned();
     let now = sluice_kit::clock::now_ms();
-    let (inputs, newest_commit) = {
-        let t = app.view.read();
-        let mut newest = None::<i64>;
-        let inputs: Vec<TriggerInput> = spec
-            .inputs()
-            .iter()
-            .filter_map(|a| {
-                let (state, _) = t.assets.get(a)?;
-                let c = state.latest_data.as_ref().or(state.latest.as_ref())?;
-                newest = newest.max(Some(c.commit_time_ms));
-                Some(TriggerInput {
-                    asset_key: a.as_str().to_owned(),
-                    snapshot_id: c.snapshot_id,
-                    sequence: c.sequence,
-                    watermark_ms: state.watermark_ms,
-                })
-            })
-            .collect();
-        (inputs, newest)
-    };
+    let (inputs, newest_commit) = current_inputs(&app, &spec);
     let key = TriggerKey::derive(
         &spec.target.identity(),
         &spec.id,
@@ -226,7 +230,7 @@ pub(super) async fn run_dependency(
     submit(&app, record, dry_run, audit).await
 }
 
-/// Re-run: a new run of a FAILED or SUCCEEDED run's inputs, linked to it.
+/// Re-run: a new run of a FAILED, SUCCEEDED or CANCELLED run's inputs, linked to it.
 pub(super) async fn rerun(
     State(app): State<App>,
     headers: HeaderMap,
@@ -247,12 +251,12 @@ pub(super) async fn rerun(
     }
     let request_id = body.request_id()?.to_owned();
     let status = text("status").unwrap_or_default();
-    if !matches!(status.as_str(), "FAILED" | "SUCCEEDED") {
+    if !matches!(status.as_str(), "FAILED" | "SUCCEEDED" | "CANCELLED") {
         return Err(err(
             StatusCode::CONFLICT,
             "not_finished",
             format!(
-                "only a FAILED or SUCCEEDED run is re-run; {of} is {status} \
+                "only a FAILED, SUCCEEDED or CANCELLED run is re-run; {of} is {status} \
                  (an UNKNOWN one is settled first)"
             ),
         ));
@@ -330,11 +334,11 @@ pub(super) async fn rerun(
 }
 
 /// Who asked, the audit action, the resource and its project.
-type AuditOf<'a> = (&'a Principal, &'a str, &'a str, &'a str);
+pub(super) type AuditOf<'a> = (&'a Principal, &'a str, &'a str, &'a str);
 
 /// Publishes `record` (unless a dry run) and audits it: 202, the trigger is on
 /// its way and the run appears under its key.
-async fn submit(app: &App, record: TriggerRecord, dry_run: bool, audit: AuditOf<'_>) -> Answer {
+pub(super) async fn submit(app: &App, record: TriggerRecord, dry_run: bool, audit: AuditOf<'_>) -> Answer {
     if dry_run {
         return ok(json!({"dry_run": true, "trigger": record}));
     }
@@ -368,7 +372,7 @@ async fn submit(app: &App, record: TriggerRecord, dry_run: bool, audit: AuditOf<
 
 impl App {
     /// Publishes a trigger request for the dispatcher (which records each key once).
-    async fn publish_trigger(&self, record: &TriggerRecord) -> Result<(), ApiError> {
+    pub(super) async fn publish_trigger(&self, record: &TriggerRecord) -> Result<(), ApiError> {
         let payload = self
             .codec
             .encode(SchemaName::TriggerRequest, &self.triggers_topic, record)

@@ -40,6 +40,8 @@ pub enum TriggerOrigin {
     Manual,
     /// A re-run of an earlier run.
     Rerun,
+    /// One item of a backfill (its id is the record's `request_id`).
+    Backfill,
 }
 
 impl TriggerOrigin {
@@ -48,6 +50,7 @@ impl TriggerOrigin {
             TriggerOrigin::Data => "data",
             TriggerOrigin::Manual => "manual",
             TriggerOrigin::Rerun => "rerun",
+            TriggerOrigin::Backfill => "backfill",
         }
     }
 }
