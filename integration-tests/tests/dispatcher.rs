@@ -1568,3 +1568,156 @@ async fn an_unknown_job_keeps_its_in_flight_slot_until_settled() {
     .await;
     kill(&mut d);
 }
+
+/// Backfill pacing in the claim, on the real PostgreSQL: a backlog of 1,000
+/// backfill items never stands in front of a live trigger, holds at most half
+/// the target's slots, keeps its per-minute pace, and a cancel makes what is
+/// still PENDING CANCELLED (never claimed). A backfill item whose backfill this
+/// database never saw is dispatched as a live trigger, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
+    use sluice_dispatcher::store::{self, ClaimLimits, NewTrigger};
+    let run = Run::new().await;
+    let epoch = sluice_dispatcher::take_epoch(&run.pool, "bf")
+        .await
+        .expect("epoch");
+    let new = |n: usize, backfill: Option<&str>| {
+        let t = trigger(n, WireTargetKind::Webhook, "bf");
+        NewTrigger {
+            trigger_key: t.trigger_key,
+            dependency_id: t.dependency_id,
+            dependency_version: 1,
+            target_kind: "WEBHOOK".into(),
+            target_name: "bf".into(),
+            target_parameters: "{}".into(),
+            inputs: "[]".into(),
+            partition: backfill.map(|_| format!("dt={n}")),
+            window_end_ms: None,
+            reason: "test".into(),
+            first_commit_ms: 1_700_000_000_000,
+            requested_ms: 1_700_000_000_000,
+            source_partition: 0,
+            source_offset: n as i64,
+            origin: if backfill.is_some() { "backfill" } else { "data" }.into(),
+            requested_by: None,
+            request_id: backfill.map(str::to_owned),
+            rerun_of: None,
+        }
+    };
+    let backfill = |id: &'static str, per_minute: Option<i32>| {
+        let pool = run.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO backfills (backfill_id, dependency_id, project, target_kind, \
+                 target_name, request, items_total, per_minute, requested_by) \
+                 VALUES ($1, 'd', 'p', 'WEBHOOK', 'bf', '{}', 1000, $2, 'test')",
+            )
+            .bind(id)
+            .bind(per_minute)
+            .execute(&pool)
+            .await
+            .expect("backfill row");
+        }
+    };
+    backfill("bf-big", None).await;
+    let items: Vec<NewTrigger> = (0..1000).map(|n| new(n, Some("bf-big"))).collect();
+    for chunk in items.chunks(250) {
+        store::record_triggers(&run.pool, chunk).await.expect("items");
+    }
+    let limits = ClaimLimits {
+        max_in_flight: 4,
+        max_per_round: 10,
+        deadline: Duration::from_secs(30),
+    };
+    let claim = || store::claim(&run.pool, "WEBHOOK", "bf", &limits, epoch, "bf");
+    let backfill_of = |keys: &[String]| {
+        let pool = run.pool.clone();
+        let keys = keys.to_vec();
+        async move {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT backfill_id FROM jobs WHERE trigger_key = ANY($1) ORDER BY trigger_key",
+            )
+            .bind(&keys)
+            .fetch_all(&pool)
+            .await
+            .expect("jobs")
+        }
+    };
+    let finish = |keys: Vec<String>| {
+        let pool = run.pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE jobs SET status = 'SUCCEEDED', revision = revision + 1 \
+                 WHERE trigger_key = ANY($1)",
+            )
+            .bind(&keys)
+            .execute(&pool)
+            .await
+            .expect("finish");
+        }
+    };
+    let keys = |c: &[store::Claimed]| c.iter().map(|j| j.trigger_key.clone()).collect::<Vec<_>>();
+
+    // Alone, the backlog takes its share: half the 4 slots.
+    let first = claim().await.expect("claim");
+    assert_eq!(first.len(), 2, "a backfill holds at most half the slots");
+    assert_eq!(claim().await.expect("claim").len(), 0, "its share is full");
+    // Three live triggers arrive behind 998 PENDING items: two start at once.
+    let live: Vec<NewTrigger> = (1000..1003).map(|n| new(n, None)).collect();
+    store::record_triggers(&run.pool, &live).await.expect("live");
+    let second = claim().await.expect("claim");
+    assert_eq!(second.len(), 2);
+    assert!(
+        backfill_of(&keys(&second)).await.iter().all(Option::is_none),
+        "the live triggers go first"
+    );
+    // A slot frees: the third live trigger takes it, not the backlog.
+    finish(keys(&first)[..1].to_vec()).await;
+    let third = claim().await.expect("claim");
+    assert_eq!(backfill_of(&keys(&third)).await, [None]);
+    // Live ones done: the backlog gets its share back, no more.
+    finish(keys(&second)).await;
+    finish(keys(&third)).await;
+    let fourth = claim().await.expect("claim");
+    assert_eq!(fourth.len(), 1, "one backfill job still runs: 2 - 1");
+    assert!(backfill_of(&keys(&fourth)).await.iter().all(Option::is_some));
+
+    // A paced backfill: 3 a minute, however many slots are free.
+    finish(keys(&first)).await;
+    finish(keys(&fourth)).await;
+    sqlx::query("UPDATE backfills SET cancelled_at = now(), cancelled_by = 'test' WHERE backfill_id = 'bf-big'")
+        .execute(&run.pool)
+        .await
+        .expect("cancel");
+    let cancelled = store::cancel_backfill_jobs(&run.pool).await.expect("sweep");
+    assert_eq!(cancelled, 1000 - 3, "every PENDING item of the cancelled backfill");
+    assert_eq!(claim().await.expect("claim").len(), 0, "nothing cancelled is claimed");
+    backfill("bf-paced", Some(3)).await;
+    let paced: Vec<NewTrigger> = (2000..2010).map(|n| new(n, Some("bf-paced"))).collect();
+    store::record_triggers(&run.pool, &paced).await.expect("paced");
+    let mut started = 0;
+    for _ in 0..5 {
+        let c = claim().await.expect("claim");
+        started += c.len();
+        finish(keys(&c)).await;
+    }
+    assert_eq!(started, 3, "3 a minute, though slots were free each time");
+
+    // An item of a backfill never recorded here: dispatched as live.
+    store::record_triggers(&run.pool, &[new(3000, Some("bf-unknown"))])
+        .await
+        .expect("orphan");
+    let orphan = claim().await.expect("claim");
+    assert_eq!(backfill_of(&keys(&orphan)).await, [None]);
+    let statuses: BTreeMap<String, usize> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT status, count(*) FROM jobs GROUP BY status",
+    )
+    .fetch_all(&run.pool)
+    .await
+    .expect("statuses")
+    .into_iter()
+    .map(|(s, n)| (s, n as usize))
+    .collect();
+    assert_eq!(statuses.get("CANCELLED"), Some(&997));
+    assert_eq!(statuses.get("PENDING"), Some(&7), "the paced backfill's rest");
+}
