@@ -1598,7 +1598,12 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
             requested_ms: 1_700_000_000_000,
             source_partition: 0,
             source_offset: n as i64,
-            origin: if backfill.is_some() { "backfill" } else { "data" }.into(),
+            origin: if backfill.is_some() {
+                "backfill"
+            } else {
+                "data"
+            }
+            .into(),
             requested_by: None,
             request_id: backfill.map(str::to_owned),
             rerun_of: None,
@@ -1622,7 +1627,9 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
     backfill("bf-big", None).await;
     let items: Vec<NewTrigger> = (0..1000).map(|n| new(n, Some("bf-big"))).collect();
     for chunk in items.chunks(250) {
-        store::record_triggers(&run.pool, chunk).await.expect("items");
+        store::record_triggers(&run.pool, chunk)
+            .await
+            .expect("items");
     }
     let limits = ClaimLimits {
         max_in_flight: 4,
@@ -1664,11 +1671,16 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
     assert_eq!(claim().await.expect("claim").len(), 0, "its share is full");
     // Three live triggers arrive behind 998 PENDING items: two start at once.
     let live: Vec<NewTrigger> = (1000..1003).map(|n| new(n, None)).collect();
-    store::record_triggers(&run.pool, &live).await.expect("live");
+    store::record_triggers(&run.pool, &live)
+        .await
+        .expect("live");
     let second = claim().await.expect("claim");
     assert_eq!(second.len(), 2);
     assert!(
-        backfill_of(&keys(&second)).await.iter().all(Option::is_none),
+        backfill_of(&keys(&second))
+            .await
+            .iter()
+            .all(Option::is_none),
         "the live triggers go first"
     );
     // A slot frees: the third live trigger takes it, not the backlog.
@@ -1680,7 +1692,12 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
     finish(keys(&third)).await;
     let fourth = claim().await.expect("claim");
     assert_eq!(fourth.len(), 1, "one backfill job still runs: 2 - 1");
-    assert!(backfill_of(&keys(&fourth)).await.iter().all(Option::is_some));
+    assert!(
+        backfill_of(&keys(&fourth))
+            .await
+            .iter()
+            .all(Option::is_some)
+    );
 
     // A paced backfill: 3 a minute, however many slots are free.
     finish(keys(&first)).await;
@@ -1690,11 +1707,21 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
         .await
         .expect("cancel");
     let cancelled = store::cancel_backfill_jobs(&run.pool).await.expect("sweep");
-    assert_eq!(cancelled, 1000 - 3, "every PENDING item of the cancelled backfill");
-    assert_eq!(claim().await.expect("claim").len(), 0, "nothing cancelled is claimed");
+    assert_eq!(
+        cancelled,
+        1000 - 3,
+        "every PENDING item of the cancelled backfill"
+    );
+    assert_eq!(
+        claim().await.expect("claim").len(),
+        0,
+        "nothing cancelled is claimed"
+    );
     backfill("bf-paced", Some(3)).await;
     let paced: Vec<NewTrigger> = (2000..2010).map(|n| new(n, Some("bf-paced"))).collect();
-    store::record_triggers(&run.pool, &paced).await.expect("paced");
+    store::record_triggers(&run.pool, &paced)
+        .await
+        .expect("paced");
     let mut started = 0;
     for _ in 0..5 {
         let c = claim().await.expect("claim");
@@ -1709,15 +1736,18 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
         .expect("orphan");
     let orphan = claim().await.expect("claim");
     assert_eq!(backfill_of(&keys(&orphan)).await, [None]);
-    let statuses: BTreeMap<String, usize> = sqlx::query_as::<_, (String, i64)>(
-        "SELECT status, count(*) FROM jobs GROUP BY status",
-    )
-    .fetch_all(&run.pool)
-    .await
-    .expect("statuses")
-    .into_iter()
-    .map(|(s, n)| (s, n as usize))
-    .collect();
+    let statuses: BTreeMap<String, usize> =
+        sqlx::query_as::<_, (String, i64)>("SELECT status, count(*) FROM jobs GROUP BY status")
+            .fetch_all(&run.pool)
+            .await
+            .expect("statuses")
+            .into_iter()
+            .map(|(s, n)| (s, n as usize))
+            .collect();
     assert_eq!(statuses.get("CANCELLED"), Some(&997));
-    assert_eq!(statuses.get("PENDING"), Some(&7), "the paced backfill's rest");
+    assert_eq!(
+        statuses.get("PENDING"),
+        Some(&7),
+        "the paced backfill's rest"
+    );
 }

@@ -2,7 +2,9 @@
 //! processes on the local broker and PostgreSQL): pause → commits → resume fires
 //! once, for the newest combination, and pausing survives a resolver restart; run
 //! now twice with one request id is one run; a re-run of a FAILED run is a new
-//! run linked to it, and a retried re-run request is the same run.
+//! run linked to it, and a retried re-run request is the same run; a backfill
+//! runs each item once beside the dependency's live triggers, a resubmit adds
+//! none, and a cancel stops what has not started.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,6 +66,10 @@ impl Receiver {
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or_default()
                         .to_owned();
+                    if path == "/slow" {
+                        // a target that takes its time, so a backfill lasts a while
+                        tokio::time::sleep(Duration::from_millis(150)).await;
+                    }
                     r.sends.lock().expect("lock").push((path.to_owned(), key));
                     if path == "/flaky" && r.failing.load(Ordering::SeqCst) {
                         (AxumStatus::BAD_REQUEST, "refused")
@@ -75,7 +81,8 @@ impl Receiver {
         };
         let app = axum::Router::new()
             .route("/hook", record("/hook", self.clone()))
-            .route("/flaky", record("/flaky", self.clone()));
+            .route("/flaky", record("/flaky", self.clone()))
+            .route("/slow", record("/slow", self.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -467,4 +474,228 @@ fn cli_against(_p: &Pipeline, api: &Api) {
     assert!(out.starts_with("sluice "), "{out}");
     let (code, out, _) = sluice(api, &["completions", "bash"]);
     assert!(code == 0 && out.contains("sluice"), "completions");
+}
+
+/// The backfill a CLI line names: `backfill/bf-… submitted: …`.
+fn backfill_id_in(out: &str) -> String {
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix("backfill/"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_backfill_runs_each_item_once_beside_live_triggers() {
+    let receiver = Receiver::default();
+    let port = receiver.serve().await;
+    let api_port = free_port();
+    let mut p = Pipeline::new(2, &[]).await;
+    // Two slots: the backfill gets one, live triggers always find the other.
+    p.set(
+        "dispatcher",
+        "SLUICE_TARGETS",
+        format!(
+            r#"[{{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{port}/slow",
+                  "idempotent": true, "max_in_flight": 2}}]"#
+        ),
+    );
+    p.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{api_port}"));
+    p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
+    p.start_all().await;
+    p.start("api").await;
+    let api = Api::new(api_port, OPERATOR);
+    let url = p.push_url();
+    let spec = json!({"id": "parts", "version": 1, "owner_project": "gmv",
+                      "target": {"kind": "webhook", "name": "parts"},
+                      "condition": {"input": {"asset": "lake.ods.p"}}});
+    let (status, v) = api
+        .call("PUT", "/v1/dependencies/parts", OPERATOR, Some(&spec))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    push(&api.client, &url, "lake.ods.p", 1).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            receiver.count("/slow") == 1
+        })
+        .await,
+        "the first live trigger"
+    );
+
+    // Bad requests are precise 4xx and record nothing.
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/dependencies/parts/backfills",
+            OPERATOR,
+            Some(&json!({"partitions": ["dt=1"], "windows": {"from_ms": 0, "to_ms": 1}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("exactly one range"), "{v}");
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/dependencies/parts/backfills",
+            OPERATOR,
+            Some(&json!({"windows": {"from_ms": 0, "to_ms": 1}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/dependencies/parts/backfills",
+            VIEWER,
+            Some(&json!({"partitions": ["dt=1"]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let (code, out, err) = sluice(
+        &api,
+        &[
+            "backfill",
+            "parts",
+            "--partitions",
+            "dt=1,dt=2",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("would run 2 items"), "{out}");
+
+    // 100 days of partitions (2026-08-01 to 2026-11-08), through the CLI.
+    let args = [
+        "backfill",
+        "parts",
+        "--from",
+        "dt=2026-08-01",
+        "--to",
+        "dt=2026-11-08",
+        "--reason",
+        "restated orders",
+    ];
+    let (code, out, err) = sluice(&api, &args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("submitted: 100 items"), "{out}");
+    let id = backfill_id_in(&out);
+    assert!(id.starts_with("bf-"), "{out}");
+
+    // While it runs, a live commit is dispatched: it does not wait for the 100.
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            receiver.count("/slow") >= 5
+        })
+        .await,
+        "the backfill started"
+    );
+    push(&api.client, &url, "lake.ods.p", 2).await;
+    let live_done_at = {
+        let mut at = None;
+        for _ in 0..600 {
+            let runs = api.get("/v1/runs?dependency=parts&limit=1000").await;
+            let live = runs["items"].as_array().into_iter().flatten().any(|r| {
+                r["origin"] == "data"
+                    && r["status"] == "SUCCEEDED"
+                    && r["inputs"][0]["sequence"] == json!(2)
+            });
+            if live {
+                at = Some(api.get(&format!("/v1/backfills/{id}")).await);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        at.expect("the live trigger ran")
+    };
+    let done_then = live_done_at["progress"]["succeeded"].as_i64().unwrap_or(0);
+    assert!(
+        done_then < 100 && live_done_at["state"] == "running",
+        "the live trigger ran while the backfill was still running: {live_done_at}"
+    );
+
+    // Every item once, with a key of its own.
+    let mut finished = Value::Null;
+    for _ in 0..900 {
+        finished = api.get(&format!("/v1/backfills/{id}")).await;
+        if finished["state"] == "done" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(finished["state"], "done", "{finished}");
+    assert_eq!(finished["progress"]["succeeded"], 100, "{finished}");
+    let runs = api.get(&format!("/v1/runs?backfill={id}&limit=1000")).await;
+    let items = runs["items"].as_array().cloned().unwrap_or_default();
+    let keys: std::collections::BTreeSet<String> = items
+        .iter()
+        .filter_map(|r| r["trigger_key"].as_str().map(str::to_owned))
+        .collect();
+    let partitions: std::collections::BTreeSet<String> = items
+        .iter()
+        .filter_map(|r| r["partition"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!((keys.len(), partitions.len()), (100, 100));
+    assert!(partitions.contains("dt=2026-08-01") && partitions.contains("dt=2026-11-08"));
+    let sent = receiver.keys("/slow");
+    for k in &keys {
+        assert_eq!(sent.iter().filter(|s| *s == k).count(), 1, "{k} sent once");
+    }
+    let total = receiver.count("/slow");
+
+    // A resubmit adds none.
+    let (code, out, err) = sluice(&api, &args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("backfill/{id} resubmitted")), "{out}");
+    still(&receiver, "/slow", total, Duration::from_secs(3)).await;
+    let (code, out, err) = sluice(&api, &["get", "backfills"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&id) && l.contains("done")),
+        "{out}"
+    );
+
+    // A slow backfill (2 a minute), cancelled: what had not started never runs.
+    let slow = api
+        .post(
+            "/v1/dependencies/parts/backfills",
+            json!({"partition_range": {"from": "hh=00", "to": "hh=23"}, "per_minute": 2,
+                   "request_id": "hourly-redo"}),
+        )
+        .await;
+    let slow_id = slow["backfill_id"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(slow["items"], 24, "{slow}");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            receiver.count("/slow") == total + 2
+        })
+        .await,
+        "two start in the first minute"
+    );
+    let (code, out, err) = sluice(&api, &["cancel", &slow_id, "--reason", "wrong hours"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("backfill/{slow_id} cancelled")),
+        "{out}"
+    );
+    let mut cancelled = Value::Null;
+    for _ in 0..100 {
+        cancelled = api.get(&format!("/v1/backfills/{slow_id}")).await;
+        if cancelled["progress"]["cancelled"] == 22 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["progress"]["cancelled"], 22, "{cancelled}");
+    still(&receiver, "/slow", total + 2, Duration::from_secs(3)).await;
+    // The same request id over another range is a conflict, not a new backfill.
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/dependencies/parts/backfills",
+            OPERATOR,
+            Some(&json!({"partitions": ["hh=01"], "request_id": "hourly-redo"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
 }

@@ -991,7 +991,14 @@ async fn list_runs(
     let p = app.principal(&headers).await?;
     let q = Params::new(
         q,
-        &["status", "dependency", "target", "backfill", "limit", "cursor"],
+        &[
+            "status",
+            "dependency",
+            "target",
+            "backfill",
+            "limit",
+            "cursor",
+        ],
     )?;
     let limit = q.limit(app.max_page, 100)?;
     let status = q.get("status").map(str::to_ascii_uppercase);

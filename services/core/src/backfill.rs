@@ -153,7 +153,8 @@ impl Range {
                 let mut picked: Vec<&InputVersion> = evidence
                     .iter()
                     .filter(|c| {
-                        &c.asset_key == input && (*from_sequence..=*to_sequence).contains(&c.sequence)
+                        &c.asset_key == input
+                            && (*from_sequence..=*to_sequence).contains(&c.sequence)
                     })
                     .collect();
                 picked.sort_by_key(|c| c.sequence);
@@ -230,7 +231,9 @@ fn partition_range(from: &str, to: &str) -> Result<Vec<String>, RangeError> {
             return Err(fail("from is after to"));
         }
         if b.saturating_sub(a) >= MAX_ITEMS as i64 {
-            return Err(RangeError::TooMany(b.saturating_sub(a).saturating_add(1) as usize));
+            return Err(RangeError::TooMany(
+                b.saturating_sub(a).saturating_add(1) as usize
+            ));
         }
         let width = if a.to_string().len() < from.len() - prefix.len() - 1 {
             from.len() - prefix.len() - 1 // keep zero padding: hh=00..hh=23
@@ -243,7 +246,10 @@ fn partition_range(from: &str, to: &str) -> Result<Vec<String>, RangeError> {
             "the values must both be dates (YYYY-MM-DD) or both integers",
         ));
     };
-    Ok(values.into_iter().map(|v| format!("{prefix}={v}")).collect())
+    Ok(values
+        .into_iter()
+        .map(|v| format!("{prefix}={v}"))
+        .collect())
 }
 
 /// A calendar day, for date ranges (proleptic Gregorian, days since 1970-01-01).
@@ -321,7 +327,6 @@ pub fn backfill_id(dependency_id: &str, request_id: Option<&str>, range: &Range)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::condition::Condition;
     use crate::dependency::{Coalescing, Target, TargetKind};
 
     fn spec(mode: Mode) -> DependencySpec {
@@ -370,7 +375,12 @@ mod tests {
             from: "dt=2025-01-01".into(),
             to: "dt=2025-12-31".into(),
         };
-        assert_eq!(year.expand(&spec(Mode::Snapshots), &[]).expect("year").len(), 365);
+        assert_eq!(
+            year.expand(&spec(Mode::Snapshots), &[])
+                .expect("year")
+                .len(),
+            365
+        );
     }
 
     #[test]
@@ -381,7 +391,12 @@ mod tests {
         };
         assert_eq!(
             labels(&r.expand(&spec(Mode::PerPartition), &[]).expect("range")),
-            ["partition hh=08", "partition hh=09", "partition hh=10", "partition hh=11"]
+            [
+                "partition hh=08",
+                "partition hh=09",
+                "partition hh=10",
+                "partition hh=11"
+            ]
         );
     }
 
@@ -443,7 +458,9 @@ mod tests {
             sequence: seq,
         };
         let s = spec(Mode::Snapshots);
-        let items = r.expand(&s, &[v(3), v(1), v(2), v(3), v(4)]).expect("items");
+        let items = r
+            .expand(&s, &[v(3), v(1), v(2), v(3), v(4)])
+            .expect("items");
         assert_eq!(items, [Item::Snapshot(v(2)), Item::Snapshot(v(3))]);
         assert_eq!(r.expand(&s, &[v(9)]), Err(RangeError::Empty));
         let other = Range::Snapshots {
@@ -464,7 +481,10 @@ mod tests {
         assert_eq!(backfill_id("d", None, &a), backfill_id("d", None, &a));
         assert_ne!(backfill_id("d", None, &a), backfill_id("d", None, &b));
         assert_ne!(backfill_id("d", None, &a), backfill_id("e", None, &a));
-        assert_eq!(backfill_id("d", Some("r1"), &a), backfill_id("d", Some("r1"), &b));
+        assert_eq!(
+            backfill_id("d", Some("r1"), &a),
+            backfill_id("d", Some("r1"), &b)
+        );
         assert!(backfill_id("d", None, &a).starts_with("bf-"));
     }
 }

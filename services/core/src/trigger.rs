@@ -151,6 +151,18 @@ mod tests {
             .as_str(),
             "tk1-c936e9ebef7b964f294ea7047d0a65a2"
         );
+        assert_eq!(
+            TriggerKey::derive(
+                "webhook:gmv",
+                "gmv-daily",
+                &TriggerBasis::Backfill {
+                    backfill_id: "bf-0123456789abcdef01234567".into(),
+                    item: "partition dt=2026-11-01".into()
+                }
+            )
+            .as_str(),
+            "tk1-c63063df2acfd53e923a6f9ba736b5e3"
+        );
     }
 
     #[test]

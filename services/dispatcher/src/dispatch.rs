@@ -93,7 +93,10 @@ impl Dispatcher {
         let cancelled = store::cancel_backfill_jobs(&self.pool).await?;
         if cancelled > 0 {
             metrics::counter!(m::BACKFILL_CANCELLED_TOTAL).increment(cancelled);
-            tracing::info!(jobs = cancelled, "PENDING jobs of cancelled backfills → CANCELLED");
+            tracing::info!(
+                jobs = cancelled,
+                "PENDING jobs of cancelled backfills → CANCELLED"
+            );
         }
         for (kind, name) in store::due_targets(&self.pool).await? {
             let Some(target) = Kind::parse(&kind).and_then(|k| self.targets.get(k, &name)) else {

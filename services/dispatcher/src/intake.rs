@@ -62,10 +62,7 @@ fn to_row(msg: &BorrowedMessage<'_>, t: TriggerRecord) -> Result<NewTrigger, Str
         trigger_key: t.trigger_key,
         dependency_id: t.dependency_id,
         dependency_version: t.dependency_version,
-        target_kind: serde_json::to_value(t.target.kind)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default(),
+        target_kind: t.target.kind.as_str().to_owned(),
         target_name: t.target.name,
         target_parameters: serde_json::to_string(&t.target.parameters)
             .map_err(|e| e.to_string())?,

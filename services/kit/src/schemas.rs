@@ -75,9 +75,7 @@ impl SchemaName {
                 include_str!("../../../schemas/history/trigger-request.1.avsc"),
                 include_str!("../../../schemas/history/trigger-request.2.avsc"),
             ],
-            SchemaName::RunStatus => &[include_str!(
-                "../../../schemas/history/run-status.1.avsc"
-            )],
+            SchemaName::RunStatus => &[include_str!("../../../schemas/history/run-status.1.avsc")],
             _ => &[],
         }
     }

@@ -18,6 +18,7 @@ pub enum Kind {
     Dep,
     Run,
     Grant,
+    Backfill,
 }
 
 #[derive(clap::Subcommand)]
@@ -47,8 +48,62 @@ pub enum Get {
         target: Option<String>,
     },
     Grants,
+    /// Backfills and their progress, newest first.
+    Backfills {
+        #[arg(long)]
+        dependency: Option<String>,
+    },
     /// The audit log (admins).
     Audit,
+}
+
+/// `sluice backfill`: the dependency, exactly one range, and the pace.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("range").required(true).multiple(false)
+    .args(["partitions", "from", "windows_from_ms", "input"])))]
+pub struct BackfillArgs {
+    pub dependency: String,
+    /// These partitions, comma-separated: dt=2026-11-01,dt=2026-11-02
+    #[arg(long, value_delimiter = ',')]
+    pub partitions: Option<Vec<String>>,
+    /// A partition range's first partition (dates: one a day; integers: one each).
+    #[arg(long, requires = "to")]
+    pub from: Option<String>,
+    /// A partition range's last partition (included).
+    #[arg(long, requires = "from")]
+    pub to: Option<String>,
+    /// A window dependency's windows starting at or after this time (epoch ms)…
+    #[arg(long, requires = "windows_to_ms")]
+    pub windows_from_ms: Option<i64>,
+    /// …and before this one.
+    #[arg(long, requires = "windows_from_ms")]
+    pub windows_to_ms: Option<i64>,
+    /// One input's commits, from the evidence log, by sequence…
+    #[arg(long, requires_all = ["from_sequence", "to_sequence"])]
+    pub input: Option<String>,
+    #[arg(long, requires = "input")]
+    pub from_sequence: Option<i64>,
+    /// …to this one (included).
+    #[arg(long, requires = "input")]
+    pub to_sequence: Option<i64>,
+    /// At most this many of its runs at once (never more than half the target's slots).
+    #[arg(long)]
+    pub max_in_flight: Option<u32>,
+    /// At most this many of its runs started a minute.
+    #[arg(long)]
+    pub per_minute: Option<u32>,
+    /// The same id is the same backfill; without one, the same range is.
+    #[arg(long)]
+    pub request_id: Option<String>,
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Show the items; submit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Follow its progress until every item ended (a bar on a terminal); exit 1
+    /// if any failed or it was cancelled.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -91,6 +146,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
                 Kind::Asset => format!("/v1/assets/{name}"),
                 Kind::Dep => format!("/v1/dependencies/{name}"),
                 Kind::Run => format!("/v1/runs/{name}"),
+                Kind::Backfill => format!("/v1/backfills/{name}"),
                 Kind::Grant => {
                     let all = client.list("/v1/grants", MAX_ITEMS).await?;
                     let one = all
@@ -168,6 +224,28 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             let path = format!("/v1/runs/{trigger_key}/rerun");
             trigger(client, &path, request_id, reason, format).await
         }
+        Command::Backfill(args) => backfill(client, args, format).await,
+        Command::Cancel {
+            backfill_id,
+            reason,
+        } => {
+            let (_, v) = client
+                .call(
+                    "POST",
+                    &format!("/v1/backfills/{backfill_id}/cancel"),
+                    Some(&json!({"reason": reason})),
+                )
+                .await?;
+            if !output::structured(format, &v) {
+                let how = if v["changed"] == Value::Bool(true) {
+                    "cancelled"
+                } else {
+                    "was already cancelled"
+                };
+                println!("backfill/{backfill_id} {how}; {}", output::progress(&v));
+            }
+            Ok(())
+        }
         Command::Apply { .. }
         | Command::Watch { .. }
         | Command::Config { .. }
@@ -181,6 +259,7 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Dep => "dependency",
         Kind::Run => "run",
         Kind::Grant => "grant",
+        Kind::Backfill => "backfill",
     }
 }
 
@@ -253,6 +332,21 @@ async fn get(client: &Client, what: Get, format: Format) -> Result<(), Failure> 
                 col("KIND", "kind"),
                 col("NAMESPACE", "namespace"),
                 col("TARGET", "target"),
+            ],
+        ),
+        Get::Backfills { dependency } => (
+            format!("/v1/backfills{}", query(&[("dependency", dependency)])),
+            vec![
+                col("ID", "backfill_id"),
+                col("DEPENDENCY", "dependency_id"),
+                col("STATE", "state"),
+                col("ITEMS", "progress.total"),
+                col("SUCCEEDED", "progress.succeeded"),
+                col("RUNNING", "progress.running"),
+                col("FAILED", "progress.failed"),
+                col("PENDING", "progress.pending"),
+                col("CANCELLED", "progress.cancelled"),
+                col("BY", "requested_by"),
             ],
         ),
         Get::Audit => (
@@ -508,5 +602,73 @@ pub fn config(what: ConfigCmd, format: Format) -> Result<(), Failure> {
             println!("context {name} saved in {}", path.display());
             Ok(())
         }
+    }
+}
+
+async fn backfill(client: &Client, a: BackfillArgs, format: Format) -> Result<(), Failure> {
+    let mut body = json!({
+        "request_id": a.request_id,
+        "reason": a.reason,
+        "max_in_flight": a.max_in_flight,
+        "per_minute": a.per_minute,
+    });
+    if let Some(p) = a.partitions {
+        body["partitions"] = json!(p);
+    } else if let (Some(from), Some(to)) = (a.from, a.to) {
+        body["partition_range"] = json!({"from": from, "to": to});
+    } else if let (Some(from), Some(to)) = (a.windows_from_ms, a.windows_to_ms) {
+        body["windows"] = json!({"from_ms": from, "to_ms": to});
+    } else if let (Some(input), Some(from), Some(to)) = (a.input, a.from_sequence, a.to_sequence) {
+        body["snapshots"] = json!({"input": input, "from_sequence": from, "to_sequence": to});
+    }
+    // Absent options are left out, not sent as nulls the API would have to read.
+    if let Some(o) = body.as_object_mut() {
+        o.retain(|_, v| !v.is_null());
+    }
+    let dry = a.dry_run.then(|| "true".to_owned());
+    let (_, v) = client
+        .call(
+            "POST",
+            &format!(
+                "/v1/dependencies/{}/backfills{}",
+                a.dependency,
+                query(&[("dry_run", &dry)])
+            ),
+            Some(&body),
+        )
+        .await?;
+    if output::structured(format, &v) && !a.wait {
+        return Ok(());
+    }
+    let id = v["backfill_id"].as_str().unwrap_or("?").to_owned();
+    if format == Format::Table {
+        if a.dry_run {
+            println!("backfill/{id} would run {} items; the first:", v["items"]);
+            for item in v["first"].as_array().into_iter().flatten() {
+                println!("  {}", item["reason"].as_str().unwrap_or("?"));
+            }
+            return Ok(());
+        }
+        let how = if v["resubmitted"] == Value::Bool(true) {
+            "resubmitted (nothing new runs)"
+        } else {
+            "submitted"
+        };
+        println!("backfill/{id} {how}: {} items", v["items"]);
+    }
+    if !a.wait || a.dry_run {
+        return Ok(());
+    }
+    let last =
+        output::follow(|| async { client.get(&format!("/v1/backfills/{id}")).await }).await?;
+    let p = &last["progress"];
+    if last["state"] == "done" && p["failed"] == json!(0) && p["cancelled"] == json!(0) {
+        Ok(())
+    } else {
+        Err(Failure::Refused(format!(
+            "backfill/{id} {}: {}",
+            last["state"].as_str().unwrap_or("?"),
+            output::progress(&last)
+        )))
     }
 }

@@ -49,7 +49,7 @@ pub enum Command {
         #[command(subcommand)]
         what: commands::Get,
     },
-    /// One resource in full: asset KEY, dep ID, run TRIGGER_KEY.
+    /// One resource in full: asset KEY, dep ID, run TRIGGER_KEY, backfill ID.
     Describe { kind: commands::Kind, name: String },
     /// Why a dependency did or did not run: the evaluator's own tree.
     Explain {
@@ -108,11 +108,20 @@ pub enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Re-run a FAILED or SUCCEEDED run as a new run linked to it.
+    /// Re-run a FAILED, SUCCEEDED or CANCELLED run as a new run linked to it.
     Rerun {
         trigger_key: String,
         #[arg(long)]
         request_id: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Re-run a dependency over past partitions, windows or an input's snapshots:
+    /// one run per item, paced behind live triggers. Give one range.
+    Backfill(commands::BackfillArgs),
+    /// Cancel a backfill: its items not yet started are never sent.
+    Cancel {
+        backfill_id: String,
         #[arg(long)]
         reason: Option<String>,
     },

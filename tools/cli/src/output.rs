@@ -178,3 +178,61 @@ fn node(n: &Value, depth: usize, paint: &Paint) {
         _ => println!("{pad}{n}"),
     }
 }
+
+/// A backfill's progress in one line.
+pub fn progress(b: &Value) -> String {
+    let p = &b["progress"];
+    let n = |k: &str| p[k].as_i64().unwrap_or(0);
+    let mut line = format!(
+        "{}/{} succeeded, {} running, {} pending",
+        n("succeeded"),
+        n("total"),
+        n("running"),
+        n("pending")
+    );
+    for k in ["failed", "cancelled"] {
+        if n(k) > 0 {
+            line.push_str(&format!(", {} {k}", n(k)));
+        }
+    }
+    line
+}
+
+/// Polls a backfill until it is no longer running: a bar redrawn in place on a
+/// terminal, a line per change otherwise. Returns its last state.
+pub async fn follow<F, Fut, E>(mut get: F) -> Result<Value, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Value, E>>,
+{
+    let tty = std::io::stderr().is_terminal();
+    let mut shown = String::new();
+    loop {
+        let b = get().await?;
+        let p = &b["progress"];
+        let total = p["total"].as_i64().unwrap_or(0).max(1);
+        let ended = ["succeeded", "failed", "cancelled"]
+            .iter()
+            .map(|k| p[*k].as_i64().unwrap_or(0))
+            .sum::<i64>();
+        let line = progress(&b);
+        if tty {
+            let filled = (ended * 30 / total) as usize;
+            eprint!(
+                "\r[{}{}] {line}  ",
+                "#".repeat(filled),
+                "-".repeat(30 - filled.min(30))
+            );
+        } else if line != shown {
+            eprintln!("{line}");
+        }
+        shown = line;
+        if b["state"] != "running" {
+            if tty {
+                eprintln!();
+            }
+            return Ok(b);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}

@@ -69,7 +69,12 @@ impl ActionBody {
 }
 
 /// The accepted spec of `id`, for an action by `p` needing `role`.
-pub(super) fn spec_for(app: &App, p: &Principal, id: &str, role: Role) -> Result<DependencySpec, ApiError> {
+pub(super) fn spec_for(
+    app: &App,
+    p: &Principal,
+    id: &str,
+    role: Role,
+) -> Result<DependencySpec, ApiError> {
     let mut t = app.view.write();
     forbidden_or_missing(p, &t, id)?;
     if let Some(why) = t.refusal(id) {
@@ -338,7 +343,12 @@ pub(super) type AuditOf<'a> = (&'a Principal, &'a str, &'a str, &'a str);
 
 /// Publishes `record` (unless a dry run) and audits it: 202, the trigger is on
 /// its way and the run appears under its key.
-pub(super) async fn submit(app: &App, record: TriggerRecord, dry_run: bool, audit: AuditOf<'_>) -> Answer {
+pub(super) async fn submit(
+    app: &App,
+    record: TriggerRecord,
+    dry_run: bool,
+    audit: AuditOf<'_>,
+) -> Answer {
     if dry_run {
         return ok(json!({"dry_run": true, "trigger": record}));
     }

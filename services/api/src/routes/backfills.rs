@@ -9,9 +9,9 @@
 //! cancels what is still PENDING when the backfill is cancelled.
 
 use serde::Deserialize;
+use sluice_core::EventKind;
 use sluice_core::backfill::{Item, Range, backfill_id};
 use sluice_core::trigger::{InputVersion, TriggerBasis, TriggerKey};
-use sluice_core::EventKind;
 use sluice_kit::wire::{TriggerOrigin, TriggerRecord, TriggerTarget};
 
 use super::actions::{AuditOf, current_inputs, spec_for};
@@ -62,8 +62,7 @@ impl BackfillBody {
                 }
             )));
         };
-        serde_json::from_value(json!({ *kind: value }))
-            .map_err(|e| bad(format!("{kind}: {e}")))
+        serde_json::from_value(json!({ *kind: value })).map_err(|e| bad(format!("{kind}: {e}")))
     }
 }
 
@@ -148,7 +147,8 @@ pub(super) async fn submit_backfill(
             backfill_id: &backfill,
             dependency_id: &spec.id,
             project: &spec.owner_project,
-            target_kind: sluice_core::dependency::TargetKind::as_str(spec.target.kind),
+            // as the dispatcher's jobs name it, for its pacing
+            target_kind: sluice_kit::wire::WireTargetKind::from(spec.target.kind).as_str(),
             target_name: &spec.target.name,
             request: &request,
             items_total: records.len() as i32,

@@ -54,6 +54,19 @@ pub enum WireTargetKind {
     Kafka,
 }
 
+impl WireTargetKind {
+    /// The Avro symbol, which is also how the dispatcher's tables name the kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WireTargetKind::Airflow => "AIRFLOW",
+            WireTargetKind::Dolphinscheduler => "DOLPHINSCHEDULER",
+            WireTargetKind::Webhook => "WEBHOOK",
+            WireTargetKind::Command => "COMMAND",
+            WireTargetKind::Kafka => "KAFKA",
+        }
+    }
+}
+
 impl From<TargetKind> for WireTargetKind {
     fn from(k: TargetKind) -> Self {
         match k {
@@ -74,6 +87,19 @@ impl From<WireTargetKind> for TargetKind {
             WireTargetKind::Webhook => TargetKind::Webhook,
             WireTargetKind::Command => TargetKind::Command,
             WireTargetKind::Kafka => TargetKind::Kafka,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WireTargetKind;
+
+    #[test]
+    fn a_target_kind_names_itself_as_its_avro_symbol() {
+        use WireTargetKind::*;
+        for k in [Airflow, Dolphinscheduler, Webhook, Command, Kafka] {
+            assert_eq!(serde_json::to_value(k).expect("json"), k.as_str());
         }
     }
 }
