@@ -280,6 +280,16 @@ impl Params {
         }
     }
 
+    /// The row offset a `cursor` of an offset-paged list carries.
+    fn offset(&self) -> Result<i64, ApiError> {
+        match self.get("cursor") {
+            None => Ok(0),
+            Some(c) => c
+                .parse::<i64>()
+                .map_err(|_| bad(format!("cursor {c:?} is not one this API gave"))),
+        }
+    }
+
     fn flag(&self, k: &str) -> Result<bool, ApiError> {
         match self.get(k) {
             None | Some("false") => Ok(false),
@@ -378,6 +388,23 @@ fn owner_of(t: &Tables, id: &str) -> Option<String> {
 }
 
 /// Whether the caller may see `id` (a record that is not a spec: only `*` viewers).
+impl App {
+    /// The dependencies `p` may see, for a database filter; none: all of them.
+    fn visible_dependencies(&self, p: &Principal) -> Option<Vec<String>> {
+        if p.may(Role::Viewer, "*") {
+            return None;
+        }
+        let t = self.view.read();
+        Some(
+            t.specs
+                .keys()
+                .filter(|id| visible(p, &t, id))
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
 fn visible(p: &Principal, t: &Tables, id: &str) -> bool {
     match owner_of(t, id) {
         Some(project) => p.may(Role::Viewer, &project),
@@ -1009,24 +1036,8 @@ async fn list_runs(
             "status must be one of PENDING, RUNNING, SUCCEEDED, FAILED, UNKNOWN, CANCELLED; got {s:?}"
         )));
     }
-    let offset = match q.get("cursor") {
-        None => 0,
-        Some(c) => c
-            .parse::<i64>()
-            .map_err(|_| bad(format!("cursor {c:?} is not one this API gave")))?,
-    };
-    let visible = if p.may(Role::Viewer, "*") {
-        None
-    } else {
-        let t = app.view.read();
-        Some(
-            t.specs
-                .keys()
-                .filter(|id| visible(&p, &t, id))
-                .cloned()
-                .collect::<Vec<_>>(),
-        )
-    };
+    let offset = q.offset()?;
+    let visible = app.visible_dependencies(&p);
     let filter = db::RunFilter {
         status,
         dependency: q.get("dependency").map(str::to_owned),

@@ -29,18 +29,30 @@ fn action_body(body: &Bytes, headers: &HeaderMap) -> Result<ActionBody, ApiError
     } else {
         serde_json::from_slice(body).map_err(|e| bad(format!("the body: {e}")))?
     };
-    if b.request_id.is_none()
-        && let Some(v) = headers.get("idempotency-key")
-    {
-        let v = v.to_str().map_err(|_| bad("Idempotency-Key is not text"))?;
-        b.request_id = Some(v.to_owned());
-    }
-    if let Some(id) = &b.request_id
+    b.request_id = request_id(b.request_id.take(), headers)?;
+    Ok(b)
+}
+
+/// The request id given in the body, else in the `Idempotency-Key` header, checked.
+pub(super) fn request_id(
+    given: Option<String>,
+    headers: &HeaderMap,
+) -> Result<Option<String>, ApiError> {
+    let id = match (given, headers.get("idempotency-key")) {
+        (Some(id), _) => Some(id),
+        (None, Some(v)) => Some(
+            v.to_str()
+                .map_err(|_| bad("Idempotency-Key is not text"))?
+                .to_owned(),
+        ),
+        (None, None) => None,
+    };
+    if let Some(id) = &id
         && (id.is_empty() || id.len() > 200 || id.chars().any(char::is_control))
     {
         return Err(bad("request_id must be 1 to 200 printable characters"));
     }
-    Ok(b)
+    Ok(id)
 }
 
 /// What every action starts with: the caller, the engine's state read, the

@@ -14,7 +14,7 @@ use sluice_core::backfill::{Item, Range, backfill_id};
 use sluice_core::trigger::{InputVersion, TriggerBasis, TriggerKey};
 use sluice_kit::wire::{TriggerOrigin, TriggerRecord, TriggerTarget};
 
-use super::actions::{AuditOf, current_inputs, spec_for};
+use super::actions::{AuditOf, current_inputs, request_id, spec_for};
 use super::*;
 
 /// How far back a snapshot range is looked for in the evidence log, in commits.
@@ -96,17 +96,7 @@ pub(super) async fn submit_backfill(
     }
     let mut b: BackfillBody =
         serde_json::from_slice(&body).map_err(|e| bad(format!("the body: {e}")))?;
-    if b.request_id.is_none()
-        && let Some(v) = headers.get("idempotency-key")
-    {
-        let v = v.to_str().map_err(|_| bad("Idempotency-Key is not text"))?;
-        b.request_id = Some(v.to_owned());
-    }
-    if let Some(r) = &b.request_id
-        && (r.is_empty() || r.len() > 200 || r.chars().any(char::is_control))
-    {
-        return Err(bad("request_id must be 1 to 200 printable characters"));
-    }
+    b.request_id = request_id(b.request_id.take(), &headers)?;
     let range = b.range()?;
     let max_in_flight = positive("max_in_flight", b.max_in_flight)?;
     let per_minute = positive("per_minute", b.per_minute)?;
@@ -339,24 +329,8 @@ pub(super) async fn list_backfills(
     let p = app.principal(&headers).await?;
     let q = Params::new(q, &["dependency", "limit", "cursor"])?;
     let limit = q.limit(app.max_page, 50)?;
-    let offset = match q.get("cursor") {
-        None => 0,
-        Some(c) => c
-            .parse::<i64>()
-            .map_err(|_| bad(format!("cursor {c:?} is not one this API gave")))?,
-    };
-    let visible = if p.may(Role::Viewer, "*") {
-        None
-    } else {
-        let t = app.view.read();
-        Some(
-            t.specs
-                .keys()
-                .filter(|id| visible(&p, &t, id))
-                .cloned()
-                .collect::<Vec<_>>(),
-        )
-    };
+    let offset = q.offset()?;
+    let visible = app.visible_dependencies(&p);
     let mut items = db::backfills(
         &app.pool,
         q.get("dependency"),
