@@ -29,7 +29,7 @@ pub enum Range {
     /// last `=`, and values that are both dates (`YYYY-MM-DD`, one a day) or both
     /// integers (one each).
     PartitionRange { from: String, to: String },
-    /// Every window of a `window` dependency whose start is in `[from_ms, to_ms)`
+    /// Every window of a `window` dependency that overlaps `[from_ms, to_ms)`
     /// (windows are aligned to the epoch, as the resolver aligns them).
     Windows { from_ms: i64, to_ms: i64 },
     /// Every commit of one input whose sequence is in `[from_sequence,
@@ -125,14 +125,22 @@ impl Range {
                         to: *to_ms,
                     });
                 }
-                let first = from_ms.div_euclid(size_ms) * size_ms;
-                let count = (to_ms.saturating_sub(first) + size_ms - 1).div_euclid(size_ms);
+                if from_ms == to_ms {
+                    return Err(RangeError::Empty);
+                }
+                let first = from_ms.saturating_sub(from_ms.rem_euclid(size_ms));
+                // Saturating: a range at the ends of time is refused as too
+                // large, never an overflow.
+                let count = to_ms
+                    .saturating_sub(first)
+                    .saturating_add(size_ms - 1)
+                    .div_euclid(size_ms);
                 if count > MAX_ITEMS as i64 {
                     return Err(RangeError::TooMany(count as usize));
                 }
                 (0..count)
                     .map(|i| Item::Window {
-                        end_ms: first + (i + 1) * size_ms,
+                        end_ms: first.saturating_add((i + 1).saturating_mul(size_ms)),
                     })
                     .collect()
             }
@@ -442,6 +450,17 @@ mod tests {
                 "window ending 400"
             ]
         );
+        let within = |from_ms, to_ms| Range::Windows { from_ms, to_ms }.expand(&s, &[]);
+        assert_eq!(
+            labels(&within(120, 130).expect("one")),
+            ["window ending 200"]
+        );
+        assert_eq!(within(150, 150), Err(RangeError::Empty));
+        assert!(matches!(within(-250, -100), Ok(w) if w.len() == 2));
+        assert!(matches!(
+            within(i64::MIN, i64::MAX),
+            Err(RangeError::TooMany(_))
+        ));
     }
 
     #[test]
@@ -472,6 +491,22 @@ mod tests {
             other.expand(&spec(Mode::Snapshots), &[]),
             Err(RangeError::NotAnInput("lake.ods.other".into()))
         );
+    }
+
+    proptest::proptest! {
+        /// Any range a caller can send is items or a reason, never a panic.
+        #[test]
+        fn any_range_is_items_or_a_reason(
+            from_ms in proptest::num::i64::ANY,
+            to_ms in proptest::num::i64::ANY,
+            size_ms in 1i64..=i64::MAX,
+            from in "[a-z]{1,3}=-?[0-9]{1,20}",
+            to in "[a-z]{1,3}=-?[0-9]{1,20}",
+        ) {
+            let s = spec(Mode::Window { size_ms });
+            let _ = Range::Windows { from_ms, to_ms }.expand(&s, &[]);
+            let _ = Range::PartitionRange { from, to }.expand(&s, &[]);
+        }
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub struct BackfillArgs {
     /// A partition range's last partition (included).
     #[arg(long, requires = "from")]
     pub to: Option<String>,
-    /// A window dependency's windows starting at or after this time (epoch ms)…
+    /// A window dependency's windows that overlap from this time (epoch ms)…
     #[arg(long, requires = "windows_to_ms")]
     pub windows_from_ms: Option<i64>,
     /// …and before this one.
