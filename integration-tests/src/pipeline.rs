@@ -159,6 +159,21 @@ impl Pipeline {
         }
     }
 
+    /// Starts the four services, then the API on a free port with `tokens_file`;
+    /// returns its client, calling as `token`.
+    pub async fn start_all_with_api(
+        &mut self,
+        tokens_file: String,
+        token: &str,
+    ) -> crate::api::Api {
+        let port = free_port();
+        self.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{port}"));
+        self.set("api", "SLUICE_API_TOKENS_FILE", tokens_file);
+        self.start_all().await;
+        self.start("api").await;
+        crate::api::Api::new(port, token)
+    }
+
     /// SIGKILL: no shutdown, no flush, no commit.
     pub fn kill(&mut self, service: &'static str) {
         if let Some((mut c, _)) = self.running.remove(service) {

@@ -14,9 +14,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_core::DependencySpec;
-use sluice_integration_tests::api::{Api, push};
+use sluice_integration_tests::api::push;
 use sluice_integration_tests::pipeline::Pipeline;
-use sluice_integration_tests::{eventually, free_port, kafka};
+use sluice_integration_tests::{eventually, kafka};
 use sluice_kit::wire::WireSpec;
 use sluice_kit::{Codec, SchemaName, Topic};
 
@@ -55,7 +55,6 @@ async fn the_api_explains_runs_and_refusals_from_the_live_pipeline() {
     let hook_port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move { axum::serve(listener, hook).await });
 
-    let api_port = free_port();
     let mut p = Pipeline::new(2, &[]).await;
     p.set(
         "dispatcher",
@@ -63,11 +62,7 @@ async fn the_api_explains_runs_and_refusals_from_the_live_pipeline() {
         format!(r#"[{{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{hook_port}/hook", "idempotent": true}}]"#),
     );
     p.set("dispatcher", "SLUICE_DISPATCH_LOOK_MS", "200");
-    p.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{api_port}"));
-    p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
-    p.start_all().await;
-    p.start("api").await;
-    let api = Api::new(api_port, ADMIN);
+    let api = p.start_all_with_api(tokens_file(), ADMIN).await;
 
     // Create through the API: 201, read back at once, accepted, audited.
     let spec = json!({
@@ -312,7 +307,6 @@ async fn the_resolver_enforces_grants_on_a_spec_written_straight_to_the_topic() 
         .expect("bind");
     let hook_port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move { axum::serve(listener, hook).await });
-    let api_port = free_port();
     let mut p = Pipeline::new(2, &[]).await;
     p.set(
         "dispatcher",
@@ -324,11 +318,7 @@ async fn the_resolver_enforces_grants_on_a_spec_written_straight_to_the_topic() 
     p.set("dispatcher", "SLUICE_DISPATCH_LOOK_MS", "200");
     p.set("resolver", "SLUICE_GRANTS", "enforce");
     p.set("api", "SLUICE_GRANTS", "enforce");
-    p.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{api_port}"));
-    p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
-    p.start_all().await;
-    p.start("api").await;
-    let api = Api::new(api_port, ADMIN);
+    let api = p.start_all_with_api(tokens_file(), ADMIN).await;
     // The target is shared with gmv; reading crm.raw is not granted.
     let share =
         json!({"id": "gmv-hooks", "project": "gmv", "kind": "share_target", "target": "webhook:*"});

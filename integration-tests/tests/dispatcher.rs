@@ -362,6 +362,41 @@ fn trigger(n: usize, kind: WireTargetKind, target: &str) -> TriggerRecord {
     }
 }
 
+/// Trigger `n` for webhook `target` as the intake hands it to the store; with
+/// `backfill`, an item of that backfill.
+fn new_trigger(
+    n: usize,
+    target: &str,
+    backfill: Option<&str>,
+) -> sluice_dispatcher::store::NewTrigger {
+    let t = trigger(n, WireTargetKind::Webhook, target);
+    sluice_dispatcher::store::NewTrigger {
+        trigger_key: t.trigger_key,
+        dependency_id: t.dependency_id,
+        dependency_version: 1,
+        target_kind: "WEBHOOK".into(),
+        target_name: target.into(),
+        target_parameters: "{}".into(),
+        inputs: "[]".into(),
+        partition: backfill.map(|_| format!("dt={n}")),
+        window_end_ms: None,
+        reason: "test".into(),
+        first_commit_ms: 1_700_000_000_000,
+        requested_ms: 1_700_000_000_000,
+        source_partition: 0,
+        source_offset: n as i64,
+        origin: if backfill.is_some() {
+            "backfill"
+        } else {
+            "data"
+        }
+        .into(),
+        requested_by: None,
+        request_id: backfill.map(str::to_owned),
+        rerun_of: None,
+    }
+}
+
 fn kill(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
@@ -1425,7 +1460,7 @@ async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
 /// settle, a peer) is not sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_that_moved_after_its_claim_is_not_sent() {
-    use sluice_dispatcher::store::{self, ClaimLimits, NewTrigger};
+    use sluice_dispatcher::store::{self, ClaimLimits};
     use sluice_dispatcher::targets::{Kind, Targets};
     let run = Run::new().await;
     let targets = Targets::parse(&format!("[{}]", run.hook_target("pre", ""))).expect("targets");
@@ -1433,32 +1468,12 @@ async fn a_job_that_moved_after_its_claim_is_not_sent() {
     let epoch = sluice_dispatcher::take_epoch(&run.pool, "pre")
         .await
         .expect("epoch");
-    let new = |n: usize| {
-        let t = trigger(n, WireTargetKind::Webhook, "pre");
-        NewTrigger {
-            trigger_key: t.trigger_key,
-            dependency_id: t.dependency_id,
-            dependency_version: 1,
-            target_kind: "WEBHOOK".into(),
-            target_name: "pre".into(),
-            target_parameters: "{}".into(),
-            inputs: "[]".into(),
-            partition: None,
-            window_end_ms: None,
-            reason: "test".into(),
-            first_commit_ms: 1_700_000_000_000,
-            requested_ms: 1_700_000_000_000,
-            source_partition: 0,
-            source_offset: n as i64,
-            origin: "data".into(),
-            requested_by: None,
-            request_id: None,
-            rerun_of: None,
-        }
-    };
-    store::record_triggers(&run.pool, &[new(1), new(2)])
-        .await
-        .expect("recorded");
+    store::record_triggers(
+        &run.pool,
+        &[new_trigger(1, "pre", None), new_trigger(2, "pre", None)],
+    )
+    .await
+    .expect("recorded");
     let limits = ClaimLimits {
         max_in_flight: 10,
         max_per_round: 10,
@@ -1576,39 +1591,11 @@ async fn an_unknown_job_keeps_its_in_flight_slot_until_settled() {
 /// database never saw is dispatched as a live trigger, not refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
-    use sluice_dispatcher::store::{self, ClaimLimits, NewTrigger};
+    use sluice_dispatcher::store::{self, ClaimLimits};
     let run = Run::new().await;
     let epoch = sluice_dispatcher::take_epoch(&run.pool, "bf")
         .await
         .expect("epoch");
-    let new = |n: usize, backfill: Option<&str>| {
-        let t = trigger(n, WireTargetKind::Webhook, "bf");
-        NewTrigger {
-            trigger_key: t.trigger_key,
-            dependency_id: t.dependency_id,
-            dependency_version: 1,
-            target_kind: "WEBHOOK".into(),
-            target_name: "bf".into(),
-            target_parameters: "{}".into(),
-            inputs: "[]".into(),
-            partition: backfill.map(|_| format!("dt={n}")),
-            window_end_ms: None,
-            reason: "test".into(),
-            first_commit_ms: 1_700_000_000_000,
-            requested_ms: 1_700_000_000_000,
-            source_partition: 0,
-            source_offset: n as i64,
-            origin: if backfill.is_some() {
-                "backfill"
-            } else {
-                "data"
-            }
-            .into(),
-            requested_by: None,
-            request_id: backfill.map(str::to_owned),
-            rerun_of: None,
-        }
-    };
     let backfill = |id: &'static str, per_minute: Option<i32>| {
         let pool = run.pool.clone();
         async move {
@@ -1625,7 +1612,9 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
         }
     };
     backfill("bf-big", None).await;
-    let items: Vec<NewTrigger> = (0..1000).map(|n| new(n, Some("bf-big"))).collect();
+    let items: Vec<store::NewTrigger> = (0..1000)
+        .map(|n| new_trigger(n, "bf", Some("bf-big")))
+        .collect();
     for chunk in items.chunks(250) {
         store::record_triggers(&run.pool, chunk)
             .await
@@ -1670,7 +1659,7 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
     assert_eq!(first.len(), 2, "a backfill holds at most half the slots");
     assert_eq!(claim().await.expect("claim").len(), 0, "its share is full");
     // Three live triggers arrive behind 998 PENDING items: two start at once.
-    let live: Vec<NewTrigger> = (1000..1003).map(|n| new(n, None)).collect();
+    let live: Vec<store::NewTrigger> = (1000..1003).map(|n| new_trigger(n, "bf", None)).collect();
     store::record_triggers(&run.pool, &live)
         .await
         .expect("live");
@@ -1718,7 +1707,9 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
         "nothing cancelled is claimed"
     );
     backfill("bf-paced", Some(3)).await;
-    let paced: Vec<NewTrigger> = (2000..2010).map(|n| new(n, Some("bf-paced"))).collect();
+    let paced: Vec<store::NewTrigger> = (2000..2010)
+        .map(|n| new_trigger(n, "bf", Some("bf-paced")))
+        .collect();
     store::record_triggers(&run.pool, &paced)
         .await
         .expect("paced");
@@ -1731,7 +1722,7 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
     assert_eq!(started, 3, "3 a minute, though slots were free each time");
 
     // An item of a backfill never recorded here: dispatched as live.
-    store::record_triggers(&run.pool, &[new(3000, Some("bf-unknown"))])
+    store::record_triggers(&run.pool, &[new_trigger(3000, "bf", Some("bf-unknown"))])
         .await
         .expect("orphan");
     let orphan = claim().await.expect("claim");

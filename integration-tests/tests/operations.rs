@@ -16,7 +16,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice_integration_tests::api::{Api, push};
 use sluice_integration_tests::pipeline::Pipeline;
-use sluice_integration_tests::{eventually, free_port, service_binary, unique};
+use sluice_integration_tests::{eventually, service_binary, unique};
 
 const OPERATOR: &str = "gmv-operator-token-0123456789";
 const VIEWER: &str = "gmv-viewer-token-0123456789";
@@ -108,7 +108,6 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
     let receiver = Receiver::default();
     receiver.failing.store(true, Ordering::SeqCst);
     let port = receiver.serve().await;
-    let api_port = free_port();
     let mut p = Pipeline::new(2, &[]).await;
     p.set(
         "dispatcher",
@@ -119,11 +118,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
         ),
     );
     p.set("dispatcher", "SLUICE_DISPATCH_LOOK_MS", "200");
-    p.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{api_port}"));
-    p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
-    p.start_all().await;
-    p.start("api").await;
-    let api = Api::new(api_port, OPERATOR);
+    let api = p.start_all_with_api(tokens_file(), OPERATOR).await;
     let url = p.push_url();
     let spec = |id: &str, target: &str, input: &str| {
         json!({"id": id, "version": 1, "owner_project": "gmv",
@@ -488,7 +483,6 @@ fn backfill_id_in(out: &str) -> String {
 async fn a_backfill_runs_each_item_once_beside_live_triggers() {
     let receiver = Receiver::default();
     let port = receiver.serve().await;
-    let api_port = free_port();
     let mut p = Pipeline::new(2, &[]).await;
     // Two slots: the backfill gets one, live triggers always find the other.
     p.set(
@@ -499,11 +493,7 @@ async fn a_backfill_runs_each_item_once_beside_live_triggers() {
                   "idempotent": true, "max_in_flight": 2}}]"#
         ),
     );
-    p.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{api_port}"));
-    p.set("api", "SLUICE_API_TOKENS_FILE", tokens_file());
-    p.start_all().await;
-    p.start("api").await;
-    let api = Api::new(api_port, OPERATOR);
+    let api = p.start_all_with_api(tokens_file(), OPERATOR).await;
     let url = p.push_url();
     let spec = json!({"id": "parts", "version": 1, "owner_project": "gmv",
                       "target": {"kind": "webhook", "name": "parts"},

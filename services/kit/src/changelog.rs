@@ -15,8 +15,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-/// Any error, with its sources (what a record handler returns).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::BoxError;
 
 /// Why a changelog read failed.
 #[derive(Debug, thiserror::Error)]

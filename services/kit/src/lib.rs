@@ -18,7 +18,12 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod topics;
 pub mod txn;
+pub mod uri;
 pub mod wire;
+
+/// Any error, with its sources: what a processor's or a record handler's
+/// typed errors become where the kit carries them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub use codec::{BlockingCodec, Codec, CodecError, ForeignAvro};
 pub use health::Health;

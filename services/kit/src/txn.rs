@@ -56,8 +56,7 @@ pub struct Output {
     pub headers: Vec<(String, Vec<u8>)>,
 }
 
-/// Any error, with its sources: what a processor's typed errors become.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::BoxError;
 
 /// What a processor's failure means to the loop. Each carries the processor's own
 /// error (a codec error, a spec error, …) with its sources; a dead letter's

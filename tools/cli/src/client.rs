@@ -207,8 +207,11 @@ impl Client {
             let page = match &next {
                 None => self.get(path).await?,
                 Some(c) => {
-                    self.get(&format!("{path}{sep}cursor={}", encode(c)))
-                        .await?
+                    self.get(&format!(
+                        "{path}{sep}cursor={}",
+                        sluice_kit::uri::component(c)
+                    ))
+                    .await?
                 }
             };
             items.extend(page["items"].as_array().cloned().unwrap_or_default());
@@ -240,14 +243,24 @@ fn context_token(c: &Context) -> Result<String, Failure> {
     )))
 }
 
-/// Percent-encodes a query value (RFC 3986 unreserved characters pass).
-pub fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// An API path from its segments, each escaped: a name typed by a person
+/// (`a/../grants/x`, `b?dry_run=true`) stays one segment and never reaches
+/// another route.
+pub fn path(segments: &[&str]) -> String {
+    segments.iter().fold(String::new(), |mut p, s| {
+        p.push('/');
+        p.push_str(&sluice_kit::uri::component(s));
+        p
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_typed_name_stays_one_segment() {
+        assert_eq!(
+            super::path(&["v1", "dependencies", "a/../grants/x?dry_run=true"]),
+            "/v1/dependencies/a%2F..%2Fgrants%2Fx%3Fdry_run%3Dtrue"
+        );
+    }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::Command;
-use crate::client::{Client, Config, Context, Failure, config_path, encode};
+use crate::client::{Client, Config, Context, Failure, config_path, path};
 use crate::output::{self, Format, col};
 
 /// Lists go this far at the most.
@@ -129,7 +129,10 @@ pub enum ConfigCmd {
 fn query(pairs: &[(&str, &Option<String>)]) -> String {
     let q: Vec<String> = pairs
         .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))
+        .filter_map(|(k, v)| {
+            v.as_ref()
+                .map(|v| format!("{k}={}", sluice_kit::uri::component(v)))
+        })
         .collect();
     if q.is_empty() {
         String::new()
@@ -143,10 +146,10 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
         Command::Get { what } => get(client, what, format).await,
         Command::Describe { kind, name } => {
             let path = match kind {
-                Kind::Asset => format!("/v1/assets/{name}"),
-                Kind::Dep => format!("/v1/dependencies/{name}"),
-                Kind::Run => format!("/v1/runs/{name}"),
-                Kind::Backfill => format!("/v1/backfills/{name}"),
+                Kind::Asset => path(&["v1", "assets", &name]),
+                Kind::Dep => path(&["v1", "dependencies", &name]),
+                Kind::Run => path(&["v1", "runs", &name]),
+                Kind::Backfill => path(&["v1", "backfills", &name]),
                 Kind::Grant => {
                     let all = client.list("/v1/grants", MAX_ITEMS).await?;
                     let one = all
@@ -162,7 +165,8 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             let at = at_ms.map(|a| a.to_string());
             let e = client
                 .get(&format!(
-                    "/v1/dependencies/{dependency}/explain{}",
+                    "{}{}",
+                    path(&["v1", "dependencies", &dependency, "explain"]),
                     query(&[("at_ms", &at)])
                 ))
                 .await?;
@@ -178,8 +182,8 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             dry_run,
         } => {
             let path = match kind {
-                Kind::Dep => format!("/v1/dependencies/{name}"),
-                Kind::Grant => format!("/v1/grants/{name}"),
+                Kind::Dep => path(&["v1", "dependencies", &name]),
+                Kind::Grant => path(&["v1", "grants", &name]),
                 other => {
                     return Err(Failure::Usage(format!("{other:?} cannot be deleted")));
                 }
@@ -213,7 +217,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             request_id,
             reason,
         } => {
-            let path = format!("/v1/dependencies/{dependency}/runs");
+            let path = path(&["v1", "dependencies", &dependency, "runs"]);
             trigger(client, &path, request_id, reason, format).await
         }
         Command::Rerun {
@@ -221,7 +225,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             request_id,
             reason,
         } => {
-            let path = format!("/v1/runs/{trigger_key}/rerun");
+            let path = path(&["v1", "runs", &trigger_key, "rerun"]);
             trigger(client, &path, request_id, reason, format).await
         }
         Command::Backfill(args) => backfill(client, args, format).await,
@@ -232,7 +236,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             let (_, v) = client
                 .call(
                     "POST",
-                    &format!("/v1/backfills/{backfill_id}/cancel"),
+                    &path(&["v1", "backfills", &backfill_id, "cancel"]),
                     Some(&json!({"reason": reason})),
                 )
                 .await?;
@@ -377,7 +381,7 @@ async fn paused(
     let (_, v) = client
         .call(
             "POST",
-            &format!("/v1/dependencies/{dependency}/{action}"),
+            &path(&["v1", "dependencies", dependency, action]),
             Some(&json!({"reason": reason})),
         )
         .await?;
@@ -497,7 +501,11 @@ pub async fn apply(
             return Err(Failure::Usage(format!("{origin}: a spec without an id")));
         };
         let dry = dry_run.then(|| "true".to_owned());
-        let path = format!("/v1/dependencies/{id}{}", query(&[("dry_run", &dry)]));
+        let path = format!(
+            "{}{}",
+            path(&["v1", "dependencies", id]),
+            query(&[("dry_run", &dry)])
+        );
         match client.call("PUT", &path, Some(&spec)).await {
             Ok((status, v)) => {
                 if v["status"] == "refused" {
@@ -630,8 +638,8 @@ async fn backfill(client: &Client, a: BackfillArgs, format: Format) -> Result<()
         .call(
             "POST",
             &format!(
-                "/v1/dependencies/{}/backfills{}",
-                a.dependency,
+                "{}{}",
+                path(&["v1", "dependencies", &a.dependency, "backfills"]),
                 query(&[("dry_run", &dry)])
             ),
             Some(&body),
@@ -660,7 +668,7 @@ async fn backfill(client: &Client, a: BackfillArgs, format: Format) -> Result<()
         return Ok(());
     }
     let last =
-        output::follow(|| async { client.get(&format!("/v1/backfills/{id}")).await }).await?;
+        output::follow(|| async { client.get(&path(&["v1", "backfills", &id])).await }).await?;
     let p = &last["progress"];
     if last["state"] == "done" && p["failed"] == json!(0) && p["cancelled"] == json!(0) {
         Ok(())

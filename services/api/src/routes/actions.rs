@@ -351,16 +351,11 @@ pub(super) async fn rerun(
 }
 
 /// Who asked, the audit action, the resource and its project.
-pub(super) type AuditOf<'a> = (&'a Principal, &'a str, &'a str, &'a str);
+type AuditOf<'a> = (&'a Principal, &'a str, &'a str, &'a str);
 
 /// Publishes `record` (unless a dry run) and audits it: 202, the trigger is on
 /// its way and the run appears under its key.
-pub(super) async fn submit(
-    app: &App,
-    record: TriggerRecord,
-    dry_run: bool,
-    audit: AuditOf<'_>,
-) -> Answer {
+async fn submit(app: &App, record: TriggerRecord, dry_run: bool, audit: AuditOf<'_>) -> Answer {
     if dry_run {
         return ok(json!({"dry_run": true, "trigger": record}));
     }

@@ -14,7 +14,7 @@ use sluice_core::backfill::{Item, Range, backfill_id};
 use sluice_core::trigger::{InputVersion, TriggerBasis, TriggerKey};
 use sluice_kit::wire::{TriggerOrigin, TriggerRecord, TriggerTarget};
 
-use super::actions::{AuditOf, current_inputs, request_id, spec_for};
+use super::actions::{current_inputs, request_id, spec_for};
 use super::*;
 
 /// How far back a snapshot range is looked for in the evidence log, in commits.
@@ -179,15 +179,13 @@ pub(super) async fn submit_backfill(
         let sends: Vec<_> = chunk.iter().map(|r| app.publish_trigger(r)).collect();
         futures::future::try_join_all(sends).await?;
     }
-    let resource = format!("backfills/{backfill}");
-    let audit: AuditOf<'_> = (&p, "dependency.backfill", &resource, &spec.owner_project);
     db::audit(
         &app.pool,
         db::Audit {
-            principal: &audit.0.name,
-            action: audit.1,
-            resource: audit.2,
-            project: audit.3,
+            principal: &p.name,
+            action: "dependency.backfill",
+            resource: &format!("backfills/{backfill}"),
+            project: &spec.owner_project,
             before: None,
             after: Some(json!({
                 "dependency": spec.id,

@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_core::Operation;
+use sluice_kit::uri::component;
 
 use super::formats::{Facts, ScanError, Snapshot, Tree};
 
@@ -359,10 +360,14 @@ async fn rest_load(
     let (ns, tbl) = split_table(table)
         .ok_or_else(|| catalog_error(table.to_owned(), "namespace.table expected"))?;
     // Multi-level namespaces are joined by the unit separator (0x1F), escaped.
-    let ns = ns.iter().map(|p| encode(p)).collect::<Vec<_>>().join("%1F");
+    let ns = ns
+        .iter()
+        .map(|p| component(p))
+        .collect::<Vec<_>>()
+        .join("%1F");
     let url = match prefix.as_deref().filter(|p| !p.is_empty()) {
-        Some(p) => format!("{base}/v1/{p}/namespaces/{ns}/tables/{}", encode(tbl)),
-        None => format!("{base}/v1/namespaces/{ns}/tables/{}", encode(tbl)),
+        Some(p) => format!("{base}/v1/{p}/namespaces/{ns}/tables/{}", component(tbl)),
+        None => format!("{base}/v1/namespaces/{ns}/tables/{}", component(tbl)),
     };
     let body = rest_json(get(url.clone()), &url).await?;
     let metadata = body
@@ -375,17 +380,6 @@ async fn rest_load(
         .and_then(Value::as_str)
         .map_or(url, str::to_owned);
     Ok(Current { metadata, location })
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 async fn rest_json(req: reqwest::RequestBuilder, url: &str) -> Result<Value, ScanError> {
