@@ -1488,33 +1488,48 @@ async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
 }
 
 /// A lost push must not mean a partition that never fires: the poller emits the
-/// partitions a Delta commit wrote (its `add` actions' partitionValues), here of a
-/// table delta-rs wrote partitioned by `dt`.
+/// partitions a commit wrote — a Delta commit's `add` actions' partitionValues (a
+/// table delta-rs wrote partitioned by `dt`), a Paimon commit's delta manifests'
+/// partition rows (a table pypaimon wrote partitioned by a STRING `dt` and an INT
+/// `hh`, one day name short enough to be stored inline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn polled_delta_commits_carry_the_partitions_they_wrote() {
+async fn polled_commits_carry_the_partitions_they_wrote() {
     let names = topics_for("dp").await;
     let root = std::env::temp_dir().join(unique("dp"));
-    let (path, commits) = commit("delta-by-day", &root.join("delta"), "by_day", 2);
-    let tables = json!([{"asset": "lake.ods.by_day", "format": "delta", "path": path,
-        "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
+    let (delta, delta_commits) = commit("delta-by-day", &root.join("delta"), "by_day", 2);
+    let (paimon, paimon_commits) = commit("paimon-by-day", &root.join("paimon"), "by_day", 2);
+    let tables = json!([
+        {"asset": "lake.ods.by_day", "format": "delta", "path": delta,
+         "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"},
+        {"asset": "lake.ods.paimon_by_day", "format": "paimon", "path": paimon,
+         "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
     .to_string();
     let ing = start(&names, "a", &[("SLUICE_POLL_TABLES", tables.as_str())]).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let partitions = loop {
-        let by_seq: BTreeMap<i64, Vec<String>> = events(&names)
+        let by_commit: BTreeMap<(String, i64), Vec<String>> = events(&names)
             .await
             .into_iter()
-            .map(|e| (e.sequence, e.partitions))
+            .map(|e| ((e.asset_key.to_string(), e.sequence), e.partitions))
             .collect();
-        if by_seq.len() >= commits.len() {
-            break by_seq;
+        if by_commit.len() >= delta_commits.len() + paimon_commits.len() {
+            break by_commit;
         }
-        assert!(Instant::now() < deadline, "not polled: {by_seq:?}");
+        assert!(Instant::now() < deadline, "not polled: {by_commit:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
-    println!("delta partitions by version: {partitions:?}");
-    assert_eq!(partitions[&commits[0].1], ["dt=2024-12-01"]);
-    assert_eq!(partitions[&commits[1].1], ["dt=2024-12-02"]);
+    println!("partitions by commit: {partitions:?}");
+    let of = |asset: &str, seq: i64| partitions[&(asset.to_owned(), seq)].clone();
+    assert_eq!(of("lake.ods.by_day", delta_commits[0].1), ["dt=2024-12-01"]);
+    assert_eq!(of("lake.ods.by_day", delta_commits[1].1), ["dt=2024-12-02"]);
+    assert_eq!(
+        of("lake.ods.paimon_by_day", paimon_commits[0].1),
+        ["dt=2024-12-01/hh=0"]
+    );
+    assert_eq!(
+        of("lake.ods.paimon_by_day", paimon_commits[1].1),
+        ["dt=2024-12-02/hh=1", "dt=eu/hh=1"]
+    );
     drop(ing);
     let _ = std::fs::remove_dir_all(&root);
 }

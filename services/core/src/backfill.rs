@@ -7,11 +7,10 @@
 //! comes from the caller's request id, or, without one, from the dependency and
 //! the range itself: submitting the same range twice is one backfill.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
 use crate::asset::AssetKey;
+use crate::calendar::Day;
 use crate::dependency::{DependencySpec, Mode};
 use crate::digest::Canonical;
 use crate::trigger::InputVersion;
@@ -258,60 +257,6 @@ fn partition_range(from: &str, to: &str) -> Result<Vec<String>, RangeError> {
         .into_iter()
         .map(|v| format!("{prefix}={v}"))
         .collect())
-}
-
-/// A calendar day, for date ranges (proleptic Gregorian, days since 1970-01-01).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Day {
-    y: i64,
-    m: i64,
-    d: i64,
-}
-
-impl Day {
-    fn parse(s: &str) -> Option<Day> {
-        let b = s.as_bytes();
-        if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
-            return None;
-        }
-        let y = s[0..4].parse().ok()?;
-        let m = s[5..7].parse().ok()?;
-        let d = s[8..10].parse().ok()?;
-        let day = Day { y, m, d };
-        // A day that does not survive the round trip (Feb 30) is no date.
-        let real = (1..=12).contains(&m) && d >= 1 && Day::from_number(day.number()) == day;
-        real.then_some(day)
-    }
-
-    // Howard Hinnant's days_from_civil / civil_from_days.
-    fn number(self) -> i64 {
-        let y = if self.m <= 2 { self.y - 1 } else { self.y };
-        let era = y.div_euclid(400);
-        let yoe = y - era * 400;
-        let mp = (self.m + 9) % 12;
-        let doy = (153 * mp + 2) / 5 + self.d - 1;
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        era * 146_097 + doe - 719_468
-    }
-
-    fn from_number(z: i64) -> Day {
-        let z = z + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z - era * 146_097;
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let d = doy - (153 * mp + 2) / 5 + 1;
-        let m = if mp < 10 { mp + 3 } else { mp - 9 };
-        let y = yoe + era * 400 + i64::from(m <= 2);
-        Day { y, m, d }
-    }
-}
-
-impl fmt::Display for Day {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:04}-{:02}-{:02}", self.y, self.m, self.d)
-    }
 }
 
 /// The id of a backfill: from the caller's request id when given, else from the

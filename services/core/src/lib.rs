@@ -18,6 +18,7 @@
 
 pub mod asset;
 pub mod backfill;
+pub mod calendar;
 pub mod condition;
 pub mod decide;
 pub mod dependency;

@@ -18,8 +18,9 @@ pub struct Snapshot {
     pub schema_id: Option<i64>,
     /// The partitions the commit wrote, as `k=v/k2=v2` paths (empty: unknown or unpartitioned).
     pub partitions: Vec<String>,
-    /// Iceberg: the snapshot's manifest list, read for its partitions when the
-    /// summary does not name them.
+    /// The file listing what this commit changed, read for its partitions only for
+    /// the snapshots emitted: Iceberg's manifest list (when the summary names no
+    /// partitions), Paimon's delta manifest list.
     pub manifest_list: Option<String>,
     /// e.g. `hudi.action=deltacommit`, `paimon.commit_kind=APPEND`.
     pub attributes: Vec<(String, String)>,
@@ -219,7 +220,10 @@ fn paimon(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> 
                 .filter(|w| *w != i64::MIN),
             schema_id: s.get("schemaId").and_then(Value::as_i64),
             partitions: Vec::new(),
-            manifest_list: None,
+            manifest_list: s
+                .get("deltaManifestList")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             attributes: vec![("paimon.commit_kind".into(), kind)],
         });
     }

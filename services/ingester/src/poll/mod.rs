@@ -16,6 +16,7 @@
 pub mod formats;
 pub mod iceberg;
 pub mod object;
+pub mod paimon;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -404,24 +405,29 @@ impl Poller {
             }
         };
         let mut emit = to_emit(found, position, t.start);
-        // Iceberg snapshots whose summary names no partitions: read their manifests
-        // (only of what is emitted now, never the whole history).
-        if t.format == TableFormat::Iceberg
-            && emit
-                .iter()
-                .any(|s| s.partitions.is_empty() && s.manifest_list.is_some())
+        // Commits whose partitions are not known yet: read their manifests (only of
+        // what is emitted now, never the whole history).
+        if emit
+            .iter()
+            .any(|s| s.partitions.is_empty() && s.manifest_list.is_some())
         {
-            let (tree, path) = (tree.clone(), t.path.clone());
+            let (tree, path, fmt) = (tree.clone(), t.path.clone(), t.format);
             let read = tokio::task::spawn_blocking(move || {
                 for s in emit.iter_mut().filter(|s| s.partitions.is_empty()) {
-                    if let Some(list) = s.manifest_list.clone() {
-                        s.partitions = iceberg::manifest_partitions(
+                    let Some(list) = s.manifest_list.as_deref() else {
+                        continue;
+                    };
+                    s.partitions = match fmt {
+                        TableFormat::Iceberg => {
+                            iceberg::manifest_partitions(tree.as_ref(), &path, s.snapshot_id, list)?
+                        }
+                        TableFormat::Paimon => paimon::commit_partitions(
                             tree.as_ref(),
-                            &path,
-                            s.snapshot_id,
-                            &list,
-                        )?;
-                    }
+                            s.schema_id.unwrap_or(0),
+                            list,
+                        )?,
+                        _ => Vec::new(),
+                    };
                 }
                 Ok::<_, ScanError>(emit)
             })
