@@ -45,3 +45,22 @@ ensure_lake() {
   bash "$HERE/ensure-venv.sh" lake "${LAKE_PINS[@]}"
   export SLUICE_TEST_LAKE_VENV="$HERE/../.stack/lake-venv"
 }
+
+# Real Spark with Hudi's Spark bundle: the Hudi tables of the poller test are written
+# by Hudi's own writer. pyspark from PyPI; the bundle from Maven Central as a local
+# jar (Spark is given `spark.jars`, never `spark.jars.packages`: it runs offline).
+SPARK_PIN="pyspark==3.5.7"
+ensure_spark() {
+  bash "$HERE/ensure-venv.sh" spark "$SPARK_PIN"
+  local jars="$HERE/../.stack/spark-jars"
+  if [[ ! -f "$jars/.complete" ]]; then
+    printf '[spark] resolving Hudi 1.0.2 Spark bundle from Maven Central\n' >&2
+    rm -rf "$jars" && mkdir -p "$jars"
+    mvn -q -B -f "$HERE/spark/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+      -DoutputDirectory="$jars" >&2
+    touch "$jars/.complete"
+  fi
+  export SLUICE_TEST_SPARK_VENV="$HERE/../.stack/spark-venv"
+  SLUICE_TEST_HUDI_BUNDLE="$(ls "$jars"/hudi-spark3.5-bundle_2.12-*.jar)"
+  export SLUICE_TEST_HUDI_BUNDLE
+}

@@ -57,10 +57,15 @@ pub async fn fresh_database() -> String {
 /// its stderr unless it succeeds; returns its stdout. (Blocking: async callers wrap
 /// it in `spawn_blocking` when the test serves something the script calls.)
 pub fn lake_script(script: &str, args: &[String]) -> String {
+    venv_script("lake", script, args)
+}
+
+/// Runs `integration-tests/lake/<script>` with the named venv's Python; its stdout.
+pub fn venv_script(venv: &str, script: &str, args: &[String]) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("lake")
         .join(script);
-    let out = std::process::Command::new(venv_bin("lake", "python"))
+    let out = std::process::Command::new(venv_bin(venv, "python"))
         .arg(path)
         .args(args)
         .output()
@@ -71,6 +76,22 @@ pub fn lake_script(script: &str, args: &[String]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Hudi's Spark bundle jar (`compose/lib.sh ensure_spark` resolves it).
+pub fn hudi_bundle() -> PathBuf {
+    let jar = std::env::var_os("SLUICE_TEST_HUDI_BUNDLE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../.stack/spark-jars/hudi-spark3.5-bundle_2.12-1.0.2.jar")
+        });
+    assert!(
+        jar.exists(),
+        "no Hudi bundle at {} — `bash compose/test.sh` resolves it (compose/lib.sh ensure_spark)",
+        jar.display()
+    );
+    jar
 }
 
 pub fn venv_bin(name: &str, program: &str) -> PathBuf {

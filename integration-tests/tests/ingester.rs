@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use sluice_core::{AssetEvent, AssetKey, EventId, EventKind, EventSource, Operation, TableFormat};
 use sluice_integration_tests::registry::StandIn;
 use sluice_integration_tests::{
-    ReadRecord, bootstrap, create_topic, free_port, fresh_topics, kafka, lake_script, read_records,
-    service_binary, unique, venv_bin,
+    ReadRecord, bootstrap, create_topic, free_port, fresh_topics, hudi_bundle, kafka, lake_script,
+    read_records, service_binary, unique, venv_bin, venv_script,
 };
 use sluice_kit::topics::{Topic, TopicNames};
 use sluice_kit::wire::StateRecord;
@@ -1485,6 +1485,93 @@ async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
     );
     drop(ing);
     let _ = std::fs::remove_dir_all(&w);
+}
+
+/// Hudi written by its own writer (Spark with Hudi's bundle): the poller reads the
+/// 1.x timeline a MERGE_ON_READ table keeps (`<requested>_<completed>.deltacommit`,
+/// Avro commit metadata, Hadoop's `.crc` files beside them) and emits each upsert
+/// once, with the partitions its write stats name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hudi_written_by_spark_is_polled_with_its_partitions() {
+    let names = topics_for("hs").await;
+    let root = std::env::temp_dir().join(unique("hs"));
+    let path = root.join("orders");
+    let args = [hudi_bundle(), path.clone()]
+        .iter()
+        .map(|p| p.display().to_string())
+        .chain(
+            [
+                "orders",
+                "MERGE_ON_READ",
+                "2024-12-01",
+                "2024-12-02,2024-12-03",
+            ]
+            .map(String::from),
+        )
+        .collect::<Vec<_>>();
+    // The JVM shares the script's stdout (Hudi's JOL prints warnings there).
+    let writes: Vec<Value> = venv_script("spark", "hudi_spark.py", &args)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("writer output"))
+        .collect();
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    let tables = json!([{"asset": "lake.ods.orders", "format": "hudi", "path": path,
+        "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
+    .to_string();
+    let ing = start(&names, "a", &[("SLUICE_POLL_TABLES", tables.as_str())]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while events(&names).await.len() < writes.len() {
+        assert!(Instant::now() < deadline, "not polled in 60 s");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await; // and nothing more
+    let evs = events(&names).await;
+    let got: Vec<(i64, Vec<String>, Vec<(String, String)>)> = evs
+        .iter()
+        .map(|e| {
+            let attrs = e
+                .attributes
+                .iter()
+                .filter(|(k, _)| k.starts_with("hudi."))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (e.sequence, e.partitions.clone(), attrs)
+        })
+        .collect();
+    println!("hudi events (sequence, partitions, attributes): {got:?}");
+    let want: Vec<(i64, Vec<String>)> = writes
+        .iter()
+        .map(|w| {
+            let parts = w["partitions"].as_array().expect("partitions");
+            (
+                w["requested"].as_i64().expect("instant"),
+                parts
+                    .iter()
+                    .map(|p| p.as_str().expect("p").to_owned())
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got.iter()
+            .map(|(s, p, _)| (*s, p.clone()))
+            .collect::<Vec<_>>(),
+        want,
+        "each upsert once, with its partitions"
+    );
+    for (_, _, attrs) in &got {
+        assert!(
+            attrs.contains(&("hudi.action".into(), "deltacommit".into())),
+            "{attrs:?}"
+        );
+        assert!(
+            attrs.contains(&("hudi.operation_type".into(), "UPSERT".into())),
+            "{attrs:?}"
+        );
+    }
+    drop(ing);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// A lost push must not mean a partition that never fires: the poller emits the

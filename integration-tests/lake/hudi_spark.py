@@ -1,0 +1,60 @@
+"""Writes a Hudi table with the real Hudi 1.x Spark writer (pyspark + Hudi's Spark
+bundle, given as a local jar: offline). Prints one JSON line per write with the
+instant the timeline completed for it.
+
+    python hudi_spark.py <bundle.jar> <table path> <name> <table type> <day>[,<day>...]...
+
+Each argument after the table type is one upsert writing rows to those `dt`
+partitions (a MERGE_ON_READ table makes each a deltacommit)."""
+import json
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+
+def timeline(path):
+    tl = os.path.join(path, ".hoodie", "timeline")
+    return sorted(n for n in os.listdir(tl) if "_" in n.split(".")[0] and not n.startswith("."))
+
+
+def main(jar, path, name, table_type, writes):
+    spark = (SparkSession.builder.master("local[1]").appName("sluice-hudi-writer")
+             .config("spark.jars", jar)
+             .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
+             .config("spark.sql.extensions", "org.apache.spark.sql.hudi.HoodieSparkSessionExtension")
+             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.hudi.catalog.HoodieCatalog")
+             .config("spark.driver.memory", "1g")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    opts = {
+        "hoodie.table.name": name,
+        "hoodie.datasource.write.table.type": table_type,
+        "hoodie.datasource.write.recordkey.field": "id",
+        "hoodie.datasource.write.precombine.field": "ts",
+        "hoodie.datasource.write.partitionpath.field": "dt",
+        "hoodie.datasource.write.hive_style_partitioning": "true",
+        "hoodie.datasource.write.operation": "upsert",
+        "hoodie.upsert.shuffle.parallelism": "1",
+        "hoodie.insert.shuffle.parallelism": "1",
+    }
+    seen = set(timeline(path)) if os.path.isdir(os.path.join(path, ".hoodie", "timeline")) else set()
+    for i, days in enumerate(writes):
+        rows = [(f"{d}-{i}", i, d) for d in days.split(",")]
+        df = spark.createDataFrame(rows, "id string, ts int, dt string")
+        df.write.format("hudi").options(**opts).mode("append").save(path)
+        new = [n for n in timeline(path) if n not in seen]
+        seen.update(new)
+        commits = [n for n in new if n.split(".")[1] in ("commit", "deltacommit", "replacecommit")]
+        requested, completed = commits[-1].split(".")[0].split("_")
+        print(json.dumps({"path": path, "requested": int(requested), "completed": int(completed),
+                          "action": commits[-1].split(".")[1],
+                          "partitions": sorted(f"dt={d}" for d in days.split(","))}), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
