@@ -152,26 +152,37 @@ pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
     }
 }
 
-/// The newest sequence the asset-state topic holds per polled asset, and when it
+/// The newest commit the asset-state topic holds for a polled asset, and when it
 /// last advanced.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    sequence: i64,
+    snapshot_id: i64,
+    advanced: Instant,
+}
+
+/// The newest commit the asset-state topic holds per polled asset.
 #[derive(Default)]
 pub struct Known {
-    seen: Mutex<HashMap<String, (i64, Instant)>>,
+    seen: Mutex<HashMap<String, Held>>,
     caught_up: AtomicBool,
 }
 
 impl Known {
-    fn advance(&self, asset: &str, sequence: i64) {
+    fn advance(&self, asset: &str, sequence: i64, snapshot_id: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        let e = seen
-            .entry(asset.to_owned())
-            .or_insert((i64::MIN, Instant::now()));
-        if sequence > e.0 {
-            *e = (sequence, Instant::now());
+        let held = Held {
+            sequence,
+            snapshot_id,
+            advanced: Instant::now(),
+        };
+        let e = seen.entry(asset.to_owned()).or_insert(held);
+        if sequence > e.sequence {
+            *e = held;
         }
     }
 
-    fn get(&self, asset: &str) -> Option<(i64, Instant)> {
+    fn get(&self, asset: &str) -> Option<Held> {
         self.seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -205,7 +216,7 @@ impl Known {
                 match codec.decode::<StateRecord>(SchemaName::AssetState, payload) {
                     Ok(r) => {
                         if let Some(latest) = r.latest {
-                            self.advance(key, latest.sequence);
+                            self.advance(key, latest.sequence, latest.snapshot_id);
                         }
                     }
                     Err(e) => {
@@ -247,6 +258,26 @@ fn open_tree(path: &std::path::Path) -> Result<Arc<dyn formats::Tree>, String> {
     } else {
         Ok(Arc::new(formats::LocalTree(path.to_owned())))
     }
+}
+
+/// Where a poll resumes: after the newest of what the state holds and what this
+/// poller emitted since.
+fn resume_after(held: Option<i64>, emitted_through: Option<i64>) -> Option<i64> {
+    match (held, emitted_through) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The sequence the held commit has in this scan, found by its snapshot id; the
+/// held sequence when the scan does not have it (expired, another ref). An Iceberg
+/// v1 table has no sequence numbers, and Sluice's derived order changed once (to
+/// timestamps, which expiry cannot move): a state written under the old order
+/// still resumes after its own snapshot instead of re-emitting the history.
+fn held_sequence(scan: &[Snapshot], sequence: i64, snapshot_id: i64) -> i64 {
+    scan.iter()
+        .find(|s| s.snapshot_id == snapshot_id)
+        .map_or(sequence, |s| s.sequence)
 }
 
 /// Pure: what to emit of a scan, given the known position and the start policy.
@@ -309,14 +340,14 @@ impl Poller {
                 let due = match p.last_poll {
                     None => true,
                     Some(last) => {
-                        let quiet = state
-                            .is_none_or(|(_, advanced)| advanced.elapsed() >= p.table.push_timeout);
+                        let quiet =
+                            state.is_none_or(|h| h.advanced.elapsed() >= p.table.push_timeout);
                         last.elapsed() >= p.table.interval
                             || (quiet && last.elapsed() >= p.table.push_timeout)
                     }
                 };
                 if due {
-                    self.poll_one(p, state.map(|(s, _)| s)).await;
+                    self.poll_one(p, state).await;
                 }
             }
             tokio::select! {
@@ -327,13 +358,10 @@ impl Poller {
         Ok(())
     }
 
-    async fn poll_one(&self, p: &mut Polled, state_sequence: Option<i64>) {
+    async fn poll_one(&self, p: &mut Polled, held: Option<Held>) {
         p.last_poll = Some(Instant::now());
         let t = p.table.clone();
-        let position = match (state_sequence, p.emitted_through) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        let position = resume_after(held.map(|h| h.sequence), p.emitted_through);
         let format = t.format.as_str();
         let tree = match &p.tree {
             Ok(tree) => tree.clone(),
@@ -368,6 +396,10 @@ impl Poller {
                             .copied();
                         facts.expired = facts.expired.max(gone);
                         p.last_chain = all.iter().map(|s| (s.sequence, s.snapshot_id)).collect();
+                        // The held snapshot, found by id, places the position in this
+                        // scan's numbering (see `held_sequence`).
+                        let held = held.map(|h| held_sequence(&all, h.sequence, h.snapshot_id));
+                        let position = resume_after(held, p.emitted_through);
                         Ok((formats::after_position(all, position), facts))
                     }),
                 Err(e) => Err(ScanError::Corrupt {
@@ -522,6 +554,33 @@ mod tests {
         assert_eq!(seqs(to_emit(found(), None, Start::Earliest)), [1, 2, 3]);
         assert_eq!(seqs(to_emit(found(), Some(1), Start::Latest)), [2, 3]);
         assert!(to_emit(found(), Some(3), Start::Earliest).is_empty());
+    }
+
+    #[test]
+    fn a_state_under_the_old_v1_order_resumes_after_its_own_snapshot() {
+        // v1 snapshots 701, 702, 703, now numbered by timestamp; the state holds 702
+        // under the order of an older Sluice (sequence 2).
+        let scan: Vec<Snapshot> = [701, 702, 703]
+            .into_iter()
+            .enumerate()
+            .map(|(i, id)| Snapshot {
+                snapshot_id: id,
+                sequence: 1_733_000_000_000_000 + i as i64 * 1000,
+                ..snap(0)
+            })
+            .collect();
+        let position = resume_after(Some(held_sequence(&scan, 2, 702)), None);
+        let emitted = formats::after_position(scan.clone(), position);
+        assert_eq!(
+            emitted.iter().map(|s| s.snapshot_id).collect::<Vec<_>>(),
+            [703]
+        );
+        // A held snapshot the scan lacks (expired, or of another ref) keeps its sequence.
+        assert_eq!(
+            held_sequence(&scan, 1_733_000_000_000_500, 42),
+            1_733_000_000_000_500
+        );
+        assert_eq!(resume_after(Some(5), Some(9)), Some(9));
     }
 
     #[test]
