@@ -7,7 +7,10 @@
 //! reaches the same one: specs are taken in the order their records were appended
 //! (broker timestamp, then partition and offset; the dependencies topic stamps
 //! LogAppendTime), and a spec is refused when it closes a cycle with the specs
-//! accepted before it. Before judging a spec, its owner waits until the follower
+//! accepted before it. A spec keeps its place while its edges (inputs and produced
+//! asset) stay the same, so re-publishing an accepted spec (a new target, a new
+//! version) never hands its place to a spec refused meanwhile; a record that
+//! changes the edges takes the place it was appended at. Before judging a spec, its owner waits until the follower
 //! has read every partition to the end it had then, so a spec appended earlier
 //! on another partition is never missed.
 
@@ -60,7 +63,13 @@ impl Lineage {
         *next = (*next).max(offset + 1);
         match spec.filter(|s| s.produces.is_some()) {
             Some(s) => {
-                v.producing.insert(id.to_owned(), (order, s));
+                let kept = v
+                    .producing
+                    .get(id)
+                    .filter(|(_, old)| old.produces == s.produces && old.inputs() == s.inputs())
+                    .map(|(o, _)| *o);
+                v.producing
+                    .insert(id.to_owned(), (kept.unwrap_or(order), s));
             }
             None => {
                 v.producing.remove(id);
@@ -68,7 +77,8 @@ impl Lineage {
         }
     }
 
-    /// The place in the order of `id`'s newest record, if it produces an asset.
+    /// The place in the order of `id` (where its current edges were appended), if it
+    /// produces an asset.
     pub fn order_of(&self, id: &str) -> Option<Order> {
         self.view().producing.get(id).map(|(o, _)| *o)
     }
@@ -242,5 +252,32 @@ mod tests {
             l.verdict(&d, (3, 0, 2)).is_ok(),
             "b was refused, so no cycle through it"
         );
+    }
+
+    #[test]
+    fn a_republished_spec_keeps_its_place_unless_its_edges_change() {
+        let l = Lineage::default();
+        let (a, b) = (spec("a", "l.o.x", "l.o.y"), spec("b", "l.o.y", "l.o.x"));
+        l.apply("a", (10, 0, 0), Some(a.clone()));
+        l.apply("b", (20, 1, 0), Some(b.clone()));
+        // a is published again, edges unchanged (a new version, say).
+        l.apply("a", (50, 0, 1), Some(a.clone()));
+        assert_eq!(l.order_of("a"), Some((10, 0, 0)));
+        let order = |id| l.order_of(id).expect("producing");
+        assert!(l.verdict(&a, order("a")).is_ok(), "a stays accepted");
+        assert!(l.verdict(&b, order("b")).is_err(), "b stays refused");
+        // a now also reads l.o.w: its edges changed, so it is judged where it was
+        // appended, after b.
+        let a2 = DependencySpec::from_json(
+            r#"{"id": "a", "version": 2, "owner_project": "p",
+                "target": {"kind": "webhook", "name": "w"},
+                "condition": {"all": [{"input": {"asset": "l.o.x"}}, {"input": {"asset": "l.o.w"}}]},
+                "mode": {"kind": "snapshots"}, "produces": "l.o.y"}"#,
+        )
+        .expect("valid");
+        l.apply("a", (60, 0, 2), Some(a2.clone()));
+        assert_eq!(l.order_of("a"), Some((60, 0, 2)));
+        assert!(l.verdict(&b, order("b")).is_ok(), "b comes first now");
+        assert!(l.verdict(&a2, order("a")).is_err(), "a2 closes the cycle");
     }
 }

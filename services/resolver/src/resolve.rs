@@ -280,6 +280,8 @@ impl Resolve {
     /// every partition to its current end (Retriable if it cannot).
     fn check_lineage(&mut self, spec: &DependencySpec, order: Order) -> Result<(), ProcessError> {
         self.lineage_read_to_end()?;
+        // Its place in the order: where its current edges were first appended.
+        let order = self.lineage.order_of(&spec.id).unwrap_or(order);
         self.lineage_verdict(spec, order)
     }
 
