@@ -50,6 +50,36 @@ pub async fn fresh_database() -> String {
     format!("{root}/{name}")
 }
 
+/// Gives the `sluice_api` role (made once per server) the grants of
+/// `deploy/postgres/api-grants.sql` in `database_url`'s database; returns the URL
+/// that connects to it as that role.
+pub async fn least_privilege_api_role(database_url: &str) -> String {
+    use sqlx::Connection;
+    const PASSWORD: &str = "sluice-api-test";
+    let mut conn = sqlx::PgConnection::connect(database_url)
+        .await
+        .expect("connect to the test database");
+    // Parallel tests race to make the role: whoever loses finds it made.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DO $$ BEGIN CREATE ROLE sluice_api LOGIN PASSWORD '{PASSWORD}'; \
+         EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("create the sluice_api role");
+    let grants = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/postgres/api-grants.sql"),
+    )
+    .expect("read deploy/postgres/api-grants.sql");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(grants))
+        .execute(&mut conn)
+        .await
+        .expect("apply deploy/postgres/api-grants.sql");
+    let (scheme, rest) = database_url.split_once("://").expect("a URL");
+    let host_and_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    format!("{scheme}://sluice_api:{PASSWORD}@{host_and_db}")
+}
+
 /// An executable of the test venv `.stack/<name>-venv` (made by
 /// `compose/ensure-venv.sh`, which `compose/test.sh` runs); `SLUICE_TEST_<NAME>_VENV`
 /// points elsewhere.

@@ -170,6 +170,10 @@ impl Pipeline {
         self.set("api", "SLUICE_API_ADDR", format!("127.0.0.1:{port}"));
         self.set("api", "SLUICE_API_TOKENS_FILE", tokens_file);
         self.start_all().await;
+        // The dispatcher has migrated: the API connects as the least-privileged role
+        // the deploy files ship, so a query needing more than they grant fails here.
+        let api_url = crate::least_privilege_api_role(&self.database_url).await;
+        self.set("api", "SLUICE_DATABASE_URL", api_url);
         self.start("api").await;
         crate::api::Api::new(port, token)
     }

@@ -73,6 +73,9 @@ impl Receiver {
                     r.sends.lock().expect("lock").push((path.to_owned(), key));
                     if path == "/flaky" && r.failing.load(Ordering::SeqCst) {
                         (AxumStatus::BAD_REQUEST, "refused")
+                    } else if path == "/fragile" && r.failing.load(Ordering::SeqCst) {
+                        // received, then an error: whether it ran cannot be told
+                        (AxumStatus::SERVICE_UNAVAILABLE, "lost")
                     } else {
                         (AxumStatus::OK, "ok")
                     }
@@ -82,6 +85,7 @@ impl Receiver {
         let app = axum::Router::new()
             .route("/hook", record("/hook", self.clone()))
             .route("/flaky", record("/flaky", self.clone()))
+            .route("/fragile", record("/fragile", self.clone()))
             .route("/slow", record("/slow", self.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -114,6 +118,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
         "SLUICE_TARGETS",
         format!(
             r#"[{{"kind": "webhook", "name": "flaky", "url": "http://127.0.0.1:{port}/flaky", "max_attempts": 1}},
+                {{"kind": "webhook", "name": "fragile", "url": "http://127.0.0.1:{port}/fragile"}},
                 {{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{port}/hook", "idempotent": true}}]"#
         ),
     );
@@ -128,6 +133,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
     for (id, target, input) in [
         ("daily", "daily", "lake.ods.a"),
         ("flaky-dep", "flaky", "lake.ods.b"),
+        ("fragile-dep", "fragile", "lake.ods.c"),
     ] {
         let (status, v) = api
             .call(
@@ -308,6 +314,23 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
         .await,
         "a refusal with max_attempts 1 fails the run"
     );
+    // A send to a target that cannot be asked and does not deduplicate ends in a
+    // 503: UNKNOWN, for an operator.
+    push(&api.client, &url, "lake.ods.c", 1).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            receiver.count("/fragile") == 1
+        })
+        .await
+    );
+    let unknown_key = receiver.keys("/fragile")[0].clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            api.run_status(&unknown_key).await == "UNKNOWN"
+        })
+        .await,
+        "an unanswerable send is UNKNOWN"
+    );
     receiver.failing.store(false, Ordering::SeqCst);
     let rerun = api
         .post(
@@ -344,6 +367,95 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
         "the original stays as it ended"
     );
 
+    // Settling the UNKNOWN run: an operator's call, with a reason, over the API and
+    // the CLI; only an UNKNOWN run moves.
+    let settle = |body: Value| {
+        let (api, key) = (&api, unknown_key.clone());
+        async move {
+            api.call(
+                "POST",
+                &format!("/v1/runs/{key}/settle"),
+                OPERATOR,
+                Some(&body),
+            )
+            .await
+        }
+    };
+    let (status, v) = settle(json!({"outcome": "maybe", "reason": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("succeeded, failed, retry"), "{v}");
+    let (status, v) = settle(json!({"outcome": "retry", "reason": " "})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a reason is required: {v}");
+    let (status, v) = api
+        .call(
+            "POST",
+            &format!("/v1/runs/{unknown_key}/settle"),
+            VIEWER,
+            Some(&json!({"outcome": "retry", "reason": "x"})),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "a viewer may not settle: {v}"
+    );
+    let (code, out, err) = sluice(&api, &["get", "runs", "--status", "unknown"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&unknown_key), "listed for the operator: {out}");
+    let (code, out, err) = sluice(
+        &api,
+        &[
+            "settle",
+            &unknown_key,
+            "retry",
+            "--reason",
+            "checked",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(
+        (code, out.trim()),
+        (
+            0,
+            format!("run/{unknown_key} would become PENDING").as_str()
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        api.run_status(&unknown_key).await,
+        "UNKNOWN",
+        "a dry run moves nothing"
+    );
+    let (code, out, err) = sluice(
+        &api,
+        &[
+            "settle",
+            &unknown_key,
+            "retry",
+            "--reason",
+            "the receiver's log shows nothing arrived",
+        ],
+    );
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("run/{unknown_key} is now PENDING").as_str()),
+        "{err}"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            api.run_status(&unknown_key).await == "SUCCEEDED"
+        })
+        .await,
+        "sent again after the operator's retry"
+    );
+    still(&receiver, "/fragile", 2, Duration::from_secs(2)).await;
+    let (code, _, err) = sluice(
+        &api,
+        &["settle", &unknown_key, "failed", "--reason", "late"],
+    );
+    assert_eq!(code, 1, "a settled run is not settled again");
+    assert!(err.contains("is SUCCEEDED, not UNKNOWN"), "{err}");
+
     // The same actions from the `sluice` command line, over the API.
     cli_against(&p, &api);
 
@@ -361,6 +473,7 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
         "dependency.resume",
         "dependency.run",
         "run.rerun",
+        "run.settle",
     ] {
         assert!(actions.contains(&a), "{a} audited: {actions:?}");
     }

@@ -110,6 +110,7 @@ pub fn router(app: App) -> Router {
         )
         .route("/v1/dependencies/{id}/runs", post(actions::run_dependency))
         .route("/v1/runs/{trigger_key}/rerun", post(actions::rerun))
+        .route("/v1/runs/{trigger_key}/settle", post(actions::settle))
         .route(
             "/v1/dependencies/{id}/backfills",
             post(backfills::submit_backfill),

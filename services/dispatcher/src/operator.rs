@@ -4,6 +4,10 @@
 //! failed, or sent again. Same compare-and-set as every other transition, so a
 //! reconcile that settles the job meanwhile wins and the operator is told.
 //!
+//! Operators use `sluice settle` (the API's `POST /v1/runs/{key}/settle`, which
+//! calls [`settle`] with the caller's role checked and the change audited); the
+//! binary's own commands are the break-glass path when the API is down:
+//!
 //!   sluice-dispatcher unknown
 //!   sluice-dispatcher settle <trigger_key> succeeded|failed|retry "<why>"
 

@@ -228,6 +228,31 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             let path = path(&["v1", "runs", &trigger_key, "rerun"]);
             trigger(client, &path, request_id, reason, format).await
         }
+        Command::Settle {
+            trigger_key,
+            outcome,
+            reason,
+            dry_run,
+        } => {
+            let dry = dry_run.then(|| "true".to_owned());
+            let (_, v) = client
+                .call(
+                    "POST",
+                    &format!(
+                        "{}{}",
+                        path(&["v1", "runs", &trigger_key, "settle"]),
+                        query(&[("dry_run", &dry)])
+                    ),
+                    Some(&json!({"outcome": outcome.as_str(), "reason": reason})),
+                )
+                .await?;
+            if !output::structured(format, &v) {
+                let status = v["status"].as_str().unwrap_or("?");
+                let how = if dry_run { "would become" } else { "is now" };
+                println!("run/{trigger_key} {how} {status}");
+            }
+            Ok(())
+        }
         Command::Backfill(args) => backfill(client, args, format).await,
         Command::Cancel {
             backfill_id,
@@ -254,6 +279,24 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
         | Command::Watch { .. }
         | Command::Config { .. }
         | Command::Completions { .. } => Err(Failure::Usage("handled before".into())),
+    }
+}
+
+/// What an operator found at the target for an UNKNOWN run.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    Retry,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Retry => "retry",
+        }
     }
 }
 

@@ -116,6 +116,18 @@ pub enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Settle an UNKNOWN run after checking the target: it `succeeded`, it `failed`
+    /// (or must not run), or it never ran and is sent again (`retry`).
+    Settle {
+        trigger_key: String,
+        #[arg(value_enum)]
+        outcome: commands::Outcome,
+        /// What was checked at the target (required; it is the run's reason).
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Re-run a dependency over past partitions, windows or an input's snapshots:
     /// one run per item, paced behind live triggers. Give one range.
     Backfill(commands::BackfillArgs),

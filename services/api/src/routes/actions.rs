@@ -1,4 +1,5 @@
-//! Operator actions: pause / resume a dependency, run it now, re-run a run.
+//! Operator actions: pause / resume a dependency, run it now, re-run a run,
+//! settle a run whose outcome the dispatcher could not tell (UNKNOWN).
 //!
 //! Each keeps the exactly-once rules. Pause is part of the declared state (a
 //! new version of the spec on the dependencies topic), so it survives restarts
@@ -348,6 +349,93 @@ pub(super) async fn rerun(
         (&p, "run.rerun", &resource, &project),
     )
     .await
+}
+
+/// What the operator found at the target for an UNKNOWN run.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleBody {
+    /// `succeeded` (it ran), `failed` (it failed, or must not run), `retry` (it
+    /// never ran: send it again).
+    outcome: String,
+    /// What the operator checked; required, it is the run's reason and audited.
+    reason: String,
+}
+
+/// Settles an UNKNOWN run by hand, with the dispatcher's own compare-and-set: only
+/// an UNKNOWN job moves, and the revision bump fences a reconcile that answers late.
+pub(super) async fn settle(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    use sluice_dispatcher::operator::{self, Settle, SettleError};
+    let p = app.principal(&headers).await?;
+    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
+    let b: SettleBody = serde_json::from_slice(&body).map_err(|e| {
+        bad(format!(
+            "the body: {e} (expected {{\"outcome\": \"succeeded|failed|retry\", \"reason\": \"...\"}})"
+        ))
+    })?;
+    let how = Settle::parse(&b.outcome).ok_or_else(|| {
+        bad(format!(
+            "outcome {:?}: one of succeeded, failed, retry",
+            b.outcome
+        ))
+    })?;
+    if b.reason.trim().is_empty() {
+        return Err(bad("a reason is required: what was checked at the target"));
+    }
+    let Some(run) = db::run(&app.pool, &key).await? else {
+        return Err(not_found(format!("no run {key:?}")));
+    };
+    let dependency = run["dependency_id"].as_str().unwrap_or_default().to_owned();
+    let project = owner_of(&app.view.read(), &dependency).unwrap_or_else(|| "*".into());
+    if !p.may(Role::Operator, &project) {
+        return Err(forbidden(p.lacks(Role::Operator, &project)));
+    }
+    let status = run["status"].as_str().unwrap_or_default();
+    let not_unknown = |status: &str| {
+        err(
+            StatusCode::CONFLICT,
+            "not_unknown",
+            format!("run {key} is {status}, not UNKNOWN: only an UNKNOWN run is settled by hand"),
+        )
+    };
+    if status != "UNKNOWN" {
+        return Err(not_unknown(status));
+    }
+    let becomes = match how {
+        Settle::Succeeded => "SUCCEEDED",
+        Settle::Failed => "FAILED",
+        Settle::Retry => "PENDING",
+    };
+    if dry_run {
+        return ok(json!({"dry_run": true, "trigger_key": key, "status": becomes}));
+    }
+    let why = format!("{} ({})", b.reason.trim(), p.name);
+    let revision = match operator::settle(&app.pool, &key, how, &why).await {
+        Ok(revision) => revision,
+        // Settled meanwhile (a reconcile, another operator): say what it is now.
+        Err(SettleError::NotUnknown { status, .. }) => return Err(not_unknown(&status)),
+        Err(SettleError::NotFound(_)) => return Err(not_found(format!("no run {key:?}"))),
+        Err(SettleError::Database(e)) => return Err(e.into()),
+    };
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: "run.settle",
+            resource: &format!("runs/{key}"),
+            project: &project,
+            before: Some(json!({"status": "UNKNOWN"})),
+            after: Some(json!({"status": becomes, "reason": why})),
+        },
+    )
+    .await?;
+    ok(json!({"trigger_key": key, "status": becomes, "revision": revision}))
 }
 
 /// Who asked, the audit action, the resource and its project.
