@@ -1494,7 +1494,9 @@ async fn a_job_that_moved_after_its_claim_is_not_sent() {
     .expect("move");
     let d = sluice_dispatcher::dispatch::Dispatcher {
         pool: run.pool.clone(),
-        targets: std::sync::Arc::new(targets.clone()),
+        targets: std::sync::Arc::new(sluice_dispatcher::targets::LiveTargets::fixed(
+            targets.clone(),
+        )),
         adapters: sluice_dispatcher::adapters::Adapters::new(
             None,
             &[],

@@ -4,9 +4,11 @@
 //! now twice with one request id is one run; a re-run of a FAILED run is a new
 //! run linked to it, and a retried re-run request is the same run; a backfill
 //! runs each item once beside the dependency's live triggers, a resubmit adds
-//! none, and a cancel stops what has not started.
+//! none, and a cancel stops what has not started; a target declared while the
+//! services run takes the jobs waiting for it, its caps change without a restart
+//! and lose nothing, and a paused target holds new sends until resumed.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +23,9 @@ use sluice_integration_tests::{eventually, service_binary, unique};
 const OPERATOR: &str = "gmv-operator-token-0123456789";
 const VIEWER: &str = "gmv-viewer-token-0123456789";
 const ADMIN: &str = "root-token-0123456789";
+/// The `/late` target's signing secret: in the dispatcher's environment only, the
+/// declared target names the variable.
+const LATE_SECRET: &str = "shh-declared-live";
 
 fn tokens_file() -> String {
     sluice_integration_tests::api::tokens_file(&[
@@ -35,6 +40,11 @@ fn tokens_file() -> String {
 struct Receiver {
     sends: Arc<Mutex<Vec<(String, String)>>>,
     failing: Arc<AtomicBool>,
+    /// `/late`: its sends under way now, the most at once, and whether every
+    /// signature matched the body.
+    late_now: Arc<AtomicUsize>,
+    late_most: Arc<AtomicUsize>,
+    late_bad_signatures: Arc<AtomicUsize>,
 }
 
 impl Receiver {
@@ -58,9 +68,22 @@ impl Receiver {
 
     async fn serve(&self) -> u16 {
         let record = |path: &'static str, r: Receiver| {
-            post(move |headers: HeaderMap| {
+            post(move |headers: HeaderMap, body: axum::body::Bytes| {
                 let r = r.clone();
                 async move {
+                    if path == "/late" {
+                        let now = r.late_now.fetch_add(1, Ordering::SeqCst) + 1;
+                        r.late_most.fetch_max(now, Ordering::SeqCst);
+                        let want = sluice_dispatcher::adapters::signature(LATE_SECRET, &body);
+                        let got = headers
+                            .get(sluice_dispatcher::adapters::SIGNATURE_HEADER)
+                            .and_then(|v| v.to_str().ok());
+                        if got != Some(want.as_str()) {
+                            r.late_bad_signatures.fetch_add(1, Ordering::SeqCst);
+                        }
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        r.late_now.fetch_sub(1, Ordering::SeqCst);
+                    }
                     let key = headers
                         .get("Idempotency-Key")
                         .and_then(|v| v.to_str().ok())
@@ -86,7 +109,8 @@ impl Receiver {
             .route("/hook", record("/hook", self.clone()))
             .route("/flaky", record("/flaky", self.clone()))
             .route("/fragile", record("/fragile", self.clone()))
-            .route("/slow", record("/slow", self.clone()));
+            .route("/slow", record("/slow", self.clone()))
+            .route("/late", record("/late", self.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -490,10 +514,14 @@ async fn pause_run_now_and_rerun_keep_exactly_once() {
 
 /// Runs `sluice` with the API's address and the operator's token.
 fn sluice(api: &Api, args: &[&str]) -> (i32, String, String) {
+    sluice_as(api, OPERATOR, args)
+}
+
+fn sluice_as(api: &Api, token: &str, args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(service_binary("sluice"))
         .args(args)
         .env("SLUICE_API_URL", &api.base)
-        .env("SLUICE_API_TOKEN", OPERATOR)
+        .env("SLUICE_API_TOKEN", token)
         .env(
             "SLUICE_CONFIG",
             std::env::temp_dir().join(unique("no-config")),
@@ -801,4 +829,202 @@ async fn a_backfill_runs_each_item_once_beside_live_triggers() {
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{v}");
+}
+
+#[tokio::test]
+async fn a_target_declared_live_takes_its_waiting_jobs_changes_caps_and_pauses() {
+    let receiver = Receiver::default();
+    let port = receiver.serve().await;
+    let mut p = Pipeline::new(2, &[]).await;
+    p.set(
+        "dispatcher",
+        "SLUICE_TARGETS",
+        format!(
+            r#"[{{"kind": "webhook", "name": "boot", "url": "http://127.0.0.1:{port}/hook"}}]"#
+        ),
+    );
+    p.set("dispatcher", "LATE_HOOK_SECRET", LATE_SECRET);
+    let api = p.start_all_with_api(tokens_file(), ADMIN).await;
+    let url = p.push_url();
+    let assets = ["lake.ods.l1", "lake.ods.l2", "lake.ods.l3", "lake.ods.l4"];
+    for (i, asset) in assets.iter().enumerate() {
+        let spec = json!({"id": format!("late-{i}"), "version": 1, "owner_project": "gmv",
+                          "target": {"kind": "webhook", "name": "late"},
+                          "condition": {"input": {"asset": asset}}});
+        let (status, v) = api
+            .call(
+                "PUT",
+                &format!("/v1/dependencies/late-{i}"),
+                ADMIN,
+                Some(&spec),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+    }
+    // Four triggers for a target no dispatcher knows yet: they wait.
+    for asset in assets {
+        push(&api.client, &url, asset, 1).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            let runs = api.get("/v1/runs?target=late").await;
+            runs["items"].as_array().map_or(0, Vec::len) == 4
+        })
+        .await,
+        "four jobs recorded"
+    );
+    still(&receiver, "/late", 0, Duration::from_secs(1)).await;
+
+    // A secret written into a declared target is refused; a reference is not.
+    let dir = std::env::temp_dir().join(unique("targets"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let write = |name: &str, body: String| {
+        let f = dir.join(name);
+        std::fs::write(&f, body).expect("target file");
+        f.to_string_lossy().into_owned()
+    };
+    let literal = write(
+        "literal.yaml",
+        format!("kind: webhook\nname: late\nurl: http://127.0.0.1:{port}/late\nsecret: shh\n"),
+    );
+    let (code, _, err) = sluice_as(&api, ADMIN, &["apply", "-f", &literal]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("holds references, never secrets"), "{err}");
+    let late = |max_in_flight: u32| {
+        format!(
+            "kind: webhook\nname: late\nurl: http://127.0.0.1:{port}/late\n\
+             secret: {{env: LATE_HOOK_SECRET}}\nidempotent: true\nmax_in_flight: {max_in_flight}\n"
+        )
+    };
+    let one = write("late.yaml", late(1));
+    let (code, out, err) = sluice(&api, &["apply", "-f", &one]);
+    assert_eq!(
+        code, 1,
+        "an operator of gmv may not change a shared target: {out}"
+    );
+    assert!(err.contains("admin of every project"), "{err}");
+    let (code, out, err) = sluice_as(&api, ADMIN, &["apply", "-f", &one]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "target/webhook/late created"),
+        "{err}"
+    );
+
+    // Taken without a restart, long before the 30 s an unroutable job waits, one at a time.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            receiver.count("/late") == 4
+        })
+        .await,
+        "the waiting jobs go to the target declared live: {:?}",
+        receiver.keys("/late")
+    );
+    assert_eq!(
+        receiver.late_most.load(Ordering::SeqCst),
+        1,
+        "max_in_flight 1"
+    );
+
+    // Caps changed while jobs flow: in force at once, nothing lost.
+    let four = write("late4.yaml", late(4));
+    let (code, out, err) = sluice_as(&api, ADMIN, &["apply", "-f", &four]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "target/webhook/late configured"),
+        "{err}"
+    );
+    receiver.late_most.store(0, Ordering::SeqCst);
+    for asset in assets {
+        push(&api.client, &url, asset, 2).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            receiver.count("/late") == 8
+        })
+        .await
+    );
+    assert!(
+        receiver.late_most.load(Ordering::SeqCst) > 1,
+        "max_in_flight 4 lets sends overlap"
+    );
+    let keys: std::collections::BTreeSet<String> = receiver.keys("/late").into_iter().collect();
+    assert_eq!(keys.len(), 8, "each trigger once");
+    assert_eq!(
+        receiver.late_bad_signatures.load(Ordering::SeqCst),
+        0,
+        "signed with the secret the reference names"
+    );
+
+    // Paused: new sends held, then sent once on resume.
+    let (code, out, err) = sluice_as(
+        &api,
+        ADMIN,
+        &[
+            "pause",
+            "--target",
+            "webhook/late",
+            "--reason",
+            "receiver upgrade",
+        ],
+    );
+    assert_eq!(
+        (code, out.trim()),
+        (0, "target/webhook/late paused"),
+        "{err}"
+    );
+    let (_, out, _) = sluice_as(&api, ADMIN, &["get", "targets", "-o", "json"]);
+    let listed: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(listed[0]["paused"], json!(true), "{out}");
+    push(&api.client, &url, assets[0], 3).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let runs = api.get("/v1/runs?target=late").await;
+            runs["items"].as_array().map_or(0, Vec::len) == 9
+        })
+        .await,
+        "the trigger is recorded while the target is paused"
+    );
+    still(&receiver, "/late", 8, Duration::from_secs(2)).await;
+    let (code, out, err) = sluice_as(&api, ADMIN, &["resume", "--target", "webhook/late"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "target/webhook/late resumed"),
+        "{err}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            receiver.count("/late") == 9
+        })
+        .await
+    );
+    let audit = api.get("/v1/audit").await;
+    let actions: Vec<&str> = audit["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["action"].as_str())
+        .filter(|a| a.starts_with("target."))
+        .collect();
+    for want in [
+        "target.create",
+        "target.replace",
+        "target.pause",
+        "target.resume",
+    ] {
+        assert!(actions.contains(&want), "{want} audited: {actions:?}");
+    }
+
+    // Deleted: its jobs wait again (no bootstrap target of that name).
+    let (code, out, err) = sluice_as(&api, ADMIN, &["delete", "target", "webhook/late"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "target/webhook/late deleted"),
+        "{err}"
+    );
+    let (status, _) = api
+        .call("GET", "/v1/targets/webhook/late", ADMIN, None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    push(&api.client, &url, assets[1], 3).await;
+    still(&receiver, "/late", 9, Duration::from_secs(3)).await;
 }

@@ -38,6 +38,7 @@ pub const TOPICS: &[Topic] = &[
     Topic::Runs,
     Topic::Grants,
     Topic::Triggers,
+    Topic::Targets,
 ];
 
 #[derive(Clone, Debug)]
@@ -151,6 +152,14 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         shutdown.flag(),
         c.kafka.request_timeout,
     )];
+    let targets = sluice_kit::declared::SharedDeclared::new();
+    followers.push(targets.spawn_follower(
+        c.kafka.reader_config(&format!("{client_id}-targets")),
+        c.topics.name(Topic::Targets),
+        BlockingCodec::new(registry)?,
+        shutdown.flag(),
+        c.kafka.request_timeout,
+    ));
     let view = view::View::with_grants(grants, options.grants == GrantsMode::Enforce);
     for (what, topic) in [
         (view::Followed::AssetState, Topic::AssetState),
@@ -182,6 +191,8 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         codec: Arc::new(Codec::new(c.schema_registry_url.as_deref())),
         dependencies_topic: c.topics.name(Topic::Dependencies),
         grants_topic: c.topics.name(Topic::Grants),
+        targets: targets.clone(),
+        targets_topic: c.topics.name(Topic::Targets),
         triggers_topic: c.topics.name(Topic::Triggers),
         commits: Arc::new(commits::Commits {
             config: c.kafka.reader_config(&format!("{client_id}-commits")),
@@ -210,10 +221,10 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let readiness = tokio::spawn(async move {
         while !stop.is_stopping() {
             health.beat();
-            if let Some(e) = watch.failure() {
+            if let Some(e) = watch.failure().or_else(|| targets.failure()) {
                 return Err(Error::Follower(e));
             }
-            health.set_ready(watch.ready());
+            health.set_ready(watch.ready() && targets.caught_up());
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())

@@ -34,6 +34,7 @@ use crate::view::{Tables, View};
 
 mod actions;
 mod backfills;
+mod targets;
 
 /// Every route, as `openapi.json` documents it (a test holds the two together).
 pub const ROUTES: &[(&str, &str)] = &[
@@ -52,6 +53,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/dependencies/{id}/resume"),
     ("post", "/v1/dependencies/{id}/runs"),
     ("post", "/v1/runs/{trigger_key}/rerun"),
+    ("post", "/v1/runs/{trigger_key}/settle"),
     ("post", "/v1/dependencies/{id}/backfills"),
     ("get", "/v1/backfills"),
     ("get", "/v1/backfills/{backfill_id}"),
@@ -64,6 +66,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/grants"),
     ("put", "/v1/grants/{id}"),
     ("delete", "/v1/grants/{id}"),
+    ("get", "/v1/targets"),
+    ("get", "/v1/targets/{kind}/{name}"),
+    ("put", "/v1/targets/{kind}/{name}"),
+    ("delete", "/v1/targets/{kind}/{name}"),
+    ("post", "/v1/targets/{kind}/{name}/pause"),
+    ("post", "/v1/targets/{kind}/{name}/resume"),
 ];
 
 #[derive(Clone)]
@@ -78,6 +86,9 @@ pub struct App {
     pub codec: Arc<Codec>,
     pub dependencies_topic: String,
     pub grants_topic: String,
+    /// Declared targets, followed whole from `targets_topic`.
+    pub targets: Arc<sluice_kit::declared::SharedDeclared>,
+    pub targets_topic: String,
     /// Where manual runs and re-runs go, for the dispatcher to record once.
     pub triggers_topic: String,
     pub commits: Arc<Commits>,
@@ -128,6 +139,21 @@ pub fn router(app: App) -> Router {
         .route("/v1/audit", get(audit))
         .route("/v1/grants", get(list_grants))
         .route("/v1/grants/{id}", put(put_grant).delete(delete_grant))
+        .route("/v1/targets", get(targets::list_targets))
+        .route(
+            "/v1/targets/{kind}/{name}",
+            get(targets::get_target)
+                .put(targets::put_target)
+                .delete(targets::delete_target),
+        )
+        .route(
+            "/v1/targets/{kind}/{name}/pause",
+            post(targets::pause_target),
+        )
+        .route(
+            "/v1/targets/{kind}/{name}/resume",
+            post(targets::resume_target),
+        )
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(app)

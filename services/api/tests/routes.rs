@@ -81,6 +81,15 @@ fn app_with(view: Arc<View>) -> App {
     ));
     view.apply_state(key.as_str(), Some((state, 1)));
     view.mark_caught_up();
+    let targets = sluice_kit::declared::SharedDeclared::new();
+    targets.apply(
+        "webhook/hooks",
+        Some(Ok(
+            r#"{"kind": "webhook", "name": "hooks", "url": "http://hooks/in", "secret": {"env": "HOOKS_SECRET"}}"#
+                .into(),
+        )),
+    );
+    targets.mark_caught_up();
     let mut kafka = rdkafka::ClientConfig::new();
     kafka.set("bootstrap.servers", "127.0.0.1:1");
     App {
@@ -95,6 +104,8 @@ fn app_with(view: Arc<View>) -> App {
         codec: Arc::new(Codec::new(None)),
         dependencies_topic: "deps".into(),
         grants_topic: "grants".into(),
+        targets,
+        targets_topic: "targets".into(),
         triggers_topic: "triggers".into(),
         commits: Arc::new(Commits {
             config: kafka.clone(),
@@ -143,6 +154,8 @@ fn concrete(path: &str) -> String {
         .replace("{id}", "gmv-dep")
         .replace("{trigger_key}", "tk1-0123456789abcdef0123456789abcdef")
         .replace("{backfill_id}", "bf-0123456789abcdef01234567")
+        .replace("{kind}", "webhook")
+        .replace("{name}", "hooks")
 }
 
 #[tokio::test]
@@ -204,6 +217,8 @@ fn needs(method: &str, path: &str) -> &'static [&'static str] {
     match (method, path) {
         ("get", "/v1/audit") => ADMINS,
         ("put" | "delete", p) if p.starts_with("/v1/grants") => ROOT,
+        // Targets serve every project: changed by an admin of all of them.
+        ("put" | "delete" | "post", p) if p.starts_with("/v1/targets") => ROOT,
         ("put" | "delete", _) => GMV_EDITORS,
         ("post", p) if p.starts_with("/v1/dependencies/{id}") => GMV_OPERATORS,
         (_, p) if p.starts_with("/v1/dependencies/{id}") => GMV_VIEWERS,
@@ -290,6 +305,44 @@ async fn bad_input_on_every_route_is_a_precise_4xx() {
     let app = app();
     let who = Some("root");
     let cases: Vec<(&str, String, Option<String>, StatusCode, &str)> = vec![
+        (
+            "put",
+            "/v1/targets/cron/nightly?dry_run=true".into(),
+            Some("{}".into()),
+            StatusCode::BAD_REQUEST,
+            "\"cron\" is not a target kind",
+        ),
+        (
+            "put",
+            "/v1/targets/webhook/hooks?dry_run=true".into(),
+            Some(
+                r#"{"kind": "webhook", "name": "hooks", "url": "http://h", "secret": "s3cret"}"#
+                    .into(),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "`secret`: a declared target holds references, never secrets",
+        ),
+        (
+            "put",
+            "/v1/targets/webhook/hooks?dry_run=true".into(),
+            Some(r#"{"kind": "webhook", "name": "other", "url": "http://h"}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "the path names \"webhook/hooks\" but the document is target \"webhook/other\"",
+        ),
+        (
+            "put",
+            "/v1/targets/webhook/hooks?dry_run=true".into(),
+            Some(r#"{"kind": "webhook", "name": "hooks"}"#.into()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "`url` is required for this kind",
+        ),
+        (
+            "post",
+            "/v1/targets/webhook/nothing/pause".into(),
+            None,
+            StatusCode::NOT_FOUND,
+            "no declared target \"webhook/nothing\"",
+        ),
         (
             "get",
             "/v1/assets?colour=red".into(),

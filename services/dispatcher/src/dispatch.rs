@@ -15,7 +15,7 @@ use crate::adapters::Adapters;
 use crate::lifecycle::{self, Observed, Status, Transition};
 use crate::metrics as m;
 use crate::store::{self, ClaimLimits, Claimed, Expect};
-use crate::targets::{Kind, Target, Targets};
+use crate::targets::{Kind, LiveTargets, Target};
 
 /// Test-only fault injection (`SLUICE_DISPATCHER_FAULT=abort_after_mark_running`,
 /// in a build with the `fault-injection` feature): the process dies like a
@@ -29,7 +29,7 @@ pub enum Fault {
 
 pub struct Dispatcher {
     pub pool: PgPool,
-    pub targets: Arc<Targets>,
+    pub targets: Arc<LiveTargets>,
     pub adapters: Arc<Adapters>,
     pub epoch: i64,
     pub instance: String,
@@ -98,8 +98,19 @@ impl Dispatcher {
                 "PENDING jobs of cancelled backfills → CANCELLED"
             );
         }
+        if self.targets.refresh() {
+            // A target declared or changed: jobs postponed for want of one go now.
+            let woken = store::wake_unroutable(&self.pool).await?;
+            if woken > 0 {
+                tracing::info!(
+                    jobs = woken,
+                    "targets changed: unroutable jobs looked at again"
+                );
+            }
+        }
+        let targets = self.targets.current();
         for (kind, name) in store::due_targets(&self.pool).await? {
-            let Some(target) = Kind::parse(&kind).and_then(|k| self.targets.get(k, &name)) else {
+            let Some(target) = Kind::parse(&kind).and_then(|k| targets.get(k, &name)) else {
                 let n =
                     store::postpone_unroutable(&self.pool, &kind, &name, Duration::from_secs(30))
                         .await?;
@@ -107,6 +118,10 @@ impl Dispatcher {
                 tracing::warn!(kind, name, jobs = n, "no target configured; jobs wait");
                 continue;
             };
+            if target.paused {
+                // No new sends; the jobs wait PENDING, those under way are followed.
+                continue;
+            }
             let limits = ClaimLimits {
                 max_in_flight: target.limits.max_in_flight,
                 max_per_round: target.limits.max_per_round,
@@ -223,9 +238,10 @@ impl Dispatcher {
         let lease = self.look_every * 10;
         let jobs =
             store::lease_due(&self.pool, status, 200, self.epoch, lease, self.look_every).await?;
+        let targets = self.targets.current();
         for job in jobs {
             let Some(target) = Kind::parse(&job.target_kind)
-                .and_then(|k| self.targets.get(k, &job.target_name))
+                .and_then(|k| targets.get(k, &job.target_name))
                 .cloned()
             else {
                 continue;

@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::FutureProducer;
-use sluice_kit::Codec;
 use sluice_kit::backoff::Backoff;
+use sluice_kit::declared::SharedDeclared;
+use sluice_kit::{BlockingCodec, Codec};
 
 use sluice_kit::config::{Common, ConfigErrors, Env, Secret};
 use sluice_kit::service::{self, StartError, Supervisor, TaskError};
@@ -33,7 +34,12 @@ use sqlx::{ConnectOptions, PgPool};
 
 pub const SERVICE: &str = "dispatcher";
 
-pub const TOPICS: &[Topic] = &[Topic::Triggers, Topic::Runs, Topic::DeadLetter];
+pub const TOPICS: &[Topic] = &[
+    Topic::Triggers,
+    Topic::Runs,
+    Topic::DeadLetter,
+    Topic::Targets,
+];
 
 /// The schema migrations, applied at start (embedded at build time).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -44,7 +50,8 @@ pub struct Options {
     /// `postgres://user[:password]@host:port/db`; may hold a password, so it is a secret.
     pub database_url: Secret,
     pub max_connections: u32,
-    pub targets: Arc<targets::Targets>,
+    /// The bootstrap targets (`SLUICE_TARGETS`); declared ones come from the topic.
+    pub targets: targets::Targets,
     /// Pause between dispatch rounds.
     pub round: Duration,
     /// How often a followed run or an UNKNOWN job is looked at.
@@ -140,7 +147,7 @@ impl Options {
             common,
             database_url,
             max_connections,
-            targets: Arc::new(targets),
+            targets,
             round,
             look_every,
             batch_max,
@@ -165,6 +172,10 @@ pub enum Error {
     Loop(#[from] TaskError),
     #[error("http client: {0}")]
     Http(#[from] reqwest::Error),
+    #[error("targets topic: {0}")]
+    Targets(String),
+    #[error(transparent)]
+    Codec(#[from] sluice_kit::CodecError),
 }
 
 /// Connects (retrying while PostgreSQL is not up yet) and applies the migrations.
@@ -211,12 +222,34 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let epoch = take_epoch(&pool, &options.common.instance).await?;
     tracing::info!(
         epoch,
-        targets = options.targets.all().count(),
+        bootstrap_targets = options.targets.all().count(),
         "migrations applied; instance epoch taken"
     );
     let started = service::start(&options.common, TOPICS, &shutdown).await?;
     let c = &options.common;
     let client_id = format!("sluice-{SERVICE}-{}", c.instance);
+    // Declared targets: read to the end before the first round, so a job is never
+    // found unroutable for a target the topic holds.
+    let declared = SharedDeclared::new();
+    let follower = declared.spawn_follower(
+        c.kafka.reader_config(&format!("{client_id}-targets")),
+        c.topics.name(Topic::Targets),
+        BlockingCodec::new(c.schema_registry_url.as_deref())?,
+        shutdown.flag(),
+        c.kafka.request_timeout,
+    );
+    while !declared.caught_up() {
+        if let Some(e) = declared.failure() {
+            return Err(Error::Targets(e));
+        }
+        if shutdown.is_stopping() {
+            return Ok(());
+        }
+        started.health.beat();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let targets = Arc::new(targets::LiveTargets::new(options.targets.clone(), declared));
+    targets.refresh();
     let producer: FutureProducer = c.kafka.producer_config(&client_id).create()?;
     let new_consumer: intake::ConsumerFactory = {
         let config = c
@@ -243,7 +276,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     };
     let dispatcher = Arc::new(dispatch::Dispatcher {
         pool: pool.clone(),
-        targets: options.targets.clone(),
+        targets: targets.clone(),
         adapters: adapters::Adapters::new(
             Some(producer.clone()),
             &options.extra_roots,
@@ -274,6 +307,15 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     supervisor.spawn("intake", intake.run(shutdown.clone()));
     supervisor.spawn("dispatch", dispatcher.run(shutdown.clone()));
     supervisor.spawn("run publisher", publisher.run(shutdown.clone()));
+    // The follower's thread ends only on shutdown or on a failure, which ends the
+    // service: a dispatcher blind to target changes must not live on.
+    supervisor.spawn_blocking("targets follower", move || {
+        let _ = follower.join();
+        match targets.declared().failure() {
+            Some(e) => Err(format!("targets topic: {e}")),
+            None => Ok(()),
+        }
+    });
     let outcome = supervisor.run(started).await.map_err(Error::from);
     pool.close().await;
     outcome

@@ -11,10 +11,17 @@ pub const RECONCILED_TOTAL: &str = "sluice_dispatcher_reconciled_total";
 pub const TRANSITIONS_LOST_TOTAL: &str = "sluice_dispatcher_transitions_lost_total";
 pub const UNROUTABLE_TOTAL: &str = "sluice_dispatcher_unroutable_total";
 pub const RUNS_PUBLISHED_TOTAL: &str = "sluice_dispatcher_runs_published_total";
+pub const TARGETS: &str = "sluice_dispatcher_targets";
+pub const TARGETS_INVALID: &str = "sluice_dispatcher_targets_invalid";
 pub const COMMIT_TO_DISPATCH_SECONDS: &str = "sluice_dispatcher_commit_to_dispatch_seconds";
 
 pub fn describe() {
-    use metrics::{describe_counter, describe_histogram};
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(TARGETS, "Targets in force (bootstrap and declared)");
+    describe_gauge!(
+        TARGETS_INVALID,
+        "Declared targets left out: not valid here (a secret reference this dispatcher cannot look up)"
+    );
     describe_counter!(
         TRIGGERS_RECORDED_TOTAL,
         "Trigger keys seen for the first time (one job each)"

@@ -455,6 +455,18 @@ WHERE status = 'PENDING' AND target_kind = $1 AND target_name = $2 AND next_atte
     .rows_affected())
 }
 
+/// Makes jobs postponed for want of a target due now (a target was declared).
+pub async fn wake_unroutable(pool: &PgPool) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        r#"
+UPDATE jobs SET next_attempt_at = now()
+WHERE status = 'PENDING' AND next_attempt_at > now() AND reason LIKE 'no target configured for %'"#,
+    )
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
 /// One transition from the outbox, for the runs topic.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct TransitionRow {

@@ -1,6 +1,9 @@
 //! Target configuration: which systems the dispatcher may call, how, and within
-//! which limits. Read from JSON (`SLUICE_TARGETS` inline or `SLUICE_TARGETS_FILE`);
-//! every mistake is reported with the target it belongs to.
+//! which limits. Two sources: the bootstrap JSON (`SLUICE_TARGETS` inline or
+//! `SLUICE_TARGETS_FILE`), read at start, and the targets topic, where the API
+//! publishes targets declared live ([`LiveTargets`]; a declared target replaces a
+//! bootstrap one of the same kind and name). Every mistake is reported with the
+//! target it belongs to.
 //!
 //! ```json
 //! [{"kind": "webhook", "name": "hook-1", "url": "http://host/hook", "secret": "s3cret",
@@ -10,12 +13,18 @@
 //! ```
 //!
 //! A target named `*` serves every trigger of its kind whose name has no entry
-//! of its own.
+//! of its own. A secret (`secret`, `password`, `token`) may be a reference,
+//! `{"env": "VAR"}` or `{"file": "/path"}` (a mounted Kubernetes Secret key),
+//! looked up when the target is built; in a declared target it must be one, so
+//! no secret is ever stored in a topic. `"paused": true` stops new sends to the
+//! target; sends under way finish and are followed.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Deserialize;
+use sluice_kit::declared::SharedDeclared;
 
 use crate::lifecycle::RetryPolicy;
 
@@ -41,6 +50,17 @@ impl Kind {
         }
     }
 
+    /// The lower-case name used in target documents and declared ids.
+    pub fn as_lower(self) -> &'static str {
+        match self {
+            Kind::Airflow => "airflow",
+            Kind::Dolphinscheduler => "dolphinscheduler",
+            Kind::Webhook => "webhook",
+            Kind::Command => "command",
+            Kind::Kafka => "kafka",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Kind> {
         Some(match s {
             "AIRFLOW" => Kind::Airflow,
@@ -53,12 +73,68 @@ impl Kind {
     }
 }
 
+/// A secret as written: the value itself (bootstrap only) or where to find it.
+#[derive(Clone, Debug)]
+enum SecretValue {
+    Value(String),
+    Reference(SecretRef),
+}
+
+#[derive(Clone, Debug)]
+enum SecretRef {
+    /// An environment variable of the dispatcher.
+    Env(String),
+    /// A file the dispatcher can read (a mounted Secret key); trailing newlines
+    /// are not part of the secret.
+    File(String),
+}
+
+impl<'de> Deserialize<'de> for SecretValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let v = serde_json::Value::deserialize(d)?;
+        let reference = |o: &serde_json::Map<String, serde_json::Value>| {
+            let (key, value) = o.iter().next()?;
+            let value = value.as_str()?.to_owned();
+            match (o.len(), key.as_str()) {
+                (1, "env") => Some(SecretRef::Env(value)),
+                (1, "file") => Some(SecretRef::File(value)),
+                _ => None,
+            }
+        };
+        match &v {
+            serde_json::Value::String(s) => Some(SecretValue::Value(s.clone())),
+            serde_json::Value::Object(o) => reference(o).map(SecretValue::Reference),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "a secret is {{\"env\": \"VAR\"}}, {{\"file\": \"/path\"}} or (bootstrap only) a string, not {v}"
+            ))
+        })
+    }
+}
+
+/// Where a target comes from, which decides what it may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// `SLUICE_TARGETS`: secrets may be written in; references are looked up.
+    Bootstrap,
+    /// The targets topic, in the dispatcher: references only, looked up.
+    Declared,
+    /// The API validating a document before it publishes it: references only,
+    /// not looked up (the API does not hold the dispatcher's secrets).
+    Check,
+}
+
 /// One target entry as written.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTarget {
     kind: Kind,
     name: String,
+    #[serde(default)]
+    paused: bool,
     // Limits and policy.
     max_in_flight: Option<u32>,
     max_per_round: Option<u32>,
@@ -73,13 +149,13 @@ struct RawTarget {
     run_timeout_ms: Option<u64>,
     // Adapter settings (which apply depends on the kind).
     url: Option<String>,
-    secret: Option<String>,
+    secret: Option<SecretValue>,
     #[serde(default)]
     idempotent: bool,
     api_version: Option<u8>,
     username: Option<String>,
-    password: Option<String>,
-    token: Option<String>,
+    password: Option<SecretValue>,
+    token: Option<SecretValue>,
     project_code: Option<String>,
     argv: Option<Vec<String>>,
     topic: Option<String>,
@@ -129,6 +205,8 @@ pub enum Reach {
 pub struct Target {
     pub kind: Kind,
     pub name: String,
+    /// No new sends; sends under way finish.
+    pub paused: bool,
     pub limits: Limits,
     pub policy: RetryPolicy,
     pub timing: Timing,
@@ -148,8 +226,8 @@ impl Targets {
         let mut problems = Vec::new();
         let mut by_name = BTreeMap::new();
         for r in raw {
-            let at = format!("target {}/{}", r.kind.as_str().to_lowercase(), r.name);
-            match build(r) {
+            let at = format!("target {}/{}", r.kind.as_lower(), r.name);
+            match build(r, Source::Bootstrap) {
                 Ok(t) => {
                     if by_name.insert((t.kind, t.name.clone()), t).is_some() {
                         problems.push(format!("{at}: listed twice"));
@@ -176,11 +254,149 @@ impl Targets {
     }
 }
 
-fn build(r: RawTarget) -> Result<Target, Vec<String>> {
+/// The id a declared target is published under: `kind/name`.
+pub fn declared_id(kind: Kind, name: &str) -> String {
+    format!("{}/{name}", kind.as_lower())
+}
+
+/// Checks a target document for the targets topic without looking up its secret
+/// references (the API's check before it publishes): the id it must be published
+/// under, or every mistake.
+pub fn check_declared(document: &str) -> Result<String, Vec<String>> {
+    let t = parse_document(document, Source::Check)?;
+    Ok(declared_id(t.kind, &t.name))
+}
+
+fn parse_document(document: &str, source: Source) -> Result<Target, Vec<String>> {
+    let raw: RawTarget = serde_json::from_str(document).map_err(|e| vec![e.to_string()])?;
+    build(raw, source)
+}
+
+/// The targets in force: the bootstrap set with the declared ones over it, rebuilt
+/// when the targets topic changes.
+pub struct LiveTargets {
+    bootstrap: Targets,
+    declared: Arc<SharedDeclared>,
+    /// The set last built, and the topic generation it was built from.
+    current: RwLock<(u64, Arc<Targets>)>,
+}
+
+impl LiveTargets {
+    pub fn new(bootstrap: Targets, declared: Arc<SharedDeclared>) -> Self {
+        let first = Arc::new(bootstrap.clone());
+        LiveTargets {
+            bootstrap,
+            declared,
+            current: RwLock::new((u64::MAX, first)),
+        }
+    }
+
+    /// Only the bootstrap set, never changed (tests, embedding).
+    pub fn fixed(bootstrap: Targets) -> Self {
+        let declared = SharedDeclared::new();
+        declared.mark_caught_up();
+        LiveTargets::new(bootstrap, declared)
+    }
+
+    pub fn declared(&self) -> &Arc<SharedDeclared> {
+        &self.declared
+    }
+
+    /// The set in force now.
+    pub fn current(&self) -> Arc<Targets> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Rebuilds the set if the topic changed since the last build; true if it did.
+    /// A declared target that is not valid here (a reference this dispatcher cannot
+    /// look up) is left out, with an error naming it: its jobs wait as unroutable
+    /// rather than go to a target half-configured.
+    pub fn refresh(&self) -> bool {
+        let generation = self.declared.generation();
+        if self.current.read().unwrap_or_else(|p| p.into_inner()).0 == generation {
+            return false;
+        }
+        let mut merged = self.bootstrap.clone();
+        let mut invalid = 0u64;
+        for (id, doc) in self.declared.snapshot() {
+            let built = doc
+                .map_err(|e| vec![e])
+                .and_then(|d| parse_document(&d, Source::Declared))
+                .and_then(|t| {
+                    let want = declared_id(t.kind, &t.name);
+                    if want == id {
+                        Ok(t)
+                    } else {
+                        Err(vec![format!("published under {id:?}, not {want:?}")])
+                    }
+                });
+            match built {
+                Ok(t) => {
+                    merged.by_name.insert((t.kind, t.name.clone()), t);
+                }
+                Err(problems) => {
+                    invalid += 1;
+                    tracing::error!(target = %id, problems = %problems.join("; "),
+                        "declared target not valid here: left out");
+                }
+            }
+        }
+        metrics::gauge!(crate::metrics::TARGETS_INVALID).set(invalid as f64);
+        metrics::gauge!(crate::metrics::TARGETS).set(merged.by_name.len() as f64);
+        tracing::info!(
+            targets = merged.by_name.len(),
+            invalid,
+            generation,
+            "targets in force"
+        );
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (generation, Arc::new(merged));
+        true
+    }
+}
+
+/// Looks up a secret as `source` allows.
+fn secret(field: &str, v: &SecretValue, source: Source) -> Result<String, String> {
+    match (v, source) {
+        (SecretValue::Value(_), Source::Declared | Source::Check) => Err(format!(
+            "`{field}`: a declared target holds references, never secrets: \
+             {{\"env\": \"VAR\"}} or {{\"file\": \"/path\"}}"
+        )),
+        (SecretValue::Value(s), Source::Bootstrap) => Ok(s.clone()),
+        (SecretValue::Reference(SecretRef::Env(var)), _) if var.is_empty() => {
+            Err(format!("`{field}`: the env reference names no variable"))
+        }
+        (SecretValue::Reference(SecretRef::File(path)), _) if path.is_empty() => {
+            Err(format!("`{field}`: the file reference names no file"))
+        }
+        // The API cannot look up the dispatcher's secrets; a placeholder checks the rest.
+        (SecretValue::Reference(_), Source::Check) => Ok("unchecked".into()),
+        (SecretValue::Reference(SecretRef::Env(var)), _) => std::env::var(var)
+            .map_err(|_| format!("`{field}`: environment variable {var} is not set")),
+        (SecretValue::Reference(SecretRef::File(path)), _) => std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+            .map_err(|e| format!("`{field}`: file {path}: {e}")),
+    }
+}
+
+fn build(r: RawTarget, source: Source) -> Result<Target, Vec<String>> {
     let mut problems = Vec::new();
     if r.name.is_empty() {
         problems.push("name is empty".to_owned());
     }
+    if source != Source::Bootstrap && r.name.contains('/') {
+        problems.push("a declared target's name has no '/'".to_owned());
+    }
+    let mut secret_of = |field: &str, v: &Option<SecretValue>| -> Option<String> {
+        v.as_ref()
+            .and_then(|v| secret(field, v, source).map_err(|e| problems.push(e)).ok())
+    };
+    let webhook_secret = secret_of("secret", &r.secret);
+    let password = secret_of("password", &r.password);
+    let token = secret_of("token", &r.token);
     let mut need = |field: &str, v: &Option<String>| -> String {
         match v {
             Some(s) if !s.is_empty() => s.clone(),
@@ -195,16 +411,16 @@ fn build(r: RawTarget) -> Result<Target, Vec<String>> {
             url: need("url", &r.url),
             api_version: r.api_version.unwrap_or(2),
             username: need("username", &r.username),
-            password: need("password", &r.password),
+            password: need("password", &password),
         },
         Kind::Dolphinscheduler => Reach::Dolphinscheduler {
             url: need("url", &r.url),
-            token: need("token", &r.token),
+            token: need("token", &token),
             project_code: need("project_code", &r.project_code),
         },
         Kind::Webhook => Reach::Webhook {
             url: need("url", &r.url),
-            secret: r.secret.clone(),
+            secret: webhook_secret,
             idempotent: r.idempotent,
         },
         Kind::Command => Reach::Command {
@@ -276,6 +492,7 @@ fn build(r: RawTarget) -> Result<Target, Vec<String>> {
         Ok(Target {
             kind: r.kind,
             name: r.name,
+            paused: r.paused,
             limits,
             policy,
             timing,
@@ -347,5 +564,108 @@ mod tests {
         )
         .expect_err("twice");
         assert_eq!(e, vec!["target kafka/k: listed twice".to_owned()]);
+    }
+
+    #[test]
+    fn a_declared_target_holds_references_never_secrets() {
+        let e = check_declared(
+            r#"{"kind": "webhook", "name": "w", "url": "http://x", "secret": "s3cret"}"#,
+        )
+        .expect_err("a literal secret");
+        assert!(
+            e[0].contains("`secret`: a declared target holds references"),
+            "{e:?}"
+        );
+        let e = check_declared(
+            r#"{"kind": "airflow", "name": "af", "url": "http://x", "username": "u",
+                "password": {"vault": "p"}}"#,
+        )
+        .expect_err("an unknown reference");
+        assert!(e[0].contains("a secret is {\"env\""), "{e:?}");
+        assert_eq!(
+            check_declared(
+                r#"{"kind": "airflow", "name": "af", "url": "http://x", "username": "u",
+                    "password": {"env": "AIRFLOW_PASSWORD"}, "paused": true}"#
+            ),
+            Ok("airflow/af".to_owned())
+        );
+        let e = check_declared(r#"{"kind": "kafka", "name": "a/b", "topic": "t"}"#)
+            .expect_err("a slash");
+        assert!(e[0].contains("no '/'"), "{e:?}");
+    }
+
+    #[test]
+    fn references_are_looked_up_where_the_target_is_built() {
+        let dir = std::env::temp_dir().join(format!("sluice-targets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("token");
+        std::fs::write(&file, "from-a-file\n").expect("file");
+        let t = Targets::parse(&format!(
+            r#"[{{"kind": "dolphinscheduler", "name": "ds", "url": "http://x",
+                 "project_code": "1", "token": {{"file": "{}"}}}}]"#,
+            file.display()
+        ))
+        .expect("valid");
+        match &t.get(Kind::Dolphinscheduler, "ds").expect("ds").reach {
+            Reach::Dolphinscheduler { token, .. } => assert_eq!(token, "from-a-file"),
+            other => panic!("{other:?}"),
+        }
+        let e = Targets::parse(
+            r#"[{"kind": "webhook", "name": "w", "url": "http://x",
+                 "secret": {"env": "SLUICE_TEST_SURELY_UNSET_VARIABLE"}}]"#,
+        )
+        .expect_err("unset");
+        assert!(
+            e[0].contains("environment variable SLUICE_TEST_SURELY_UNSET_VARIABLE is not set"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn declared_targets_replace_bootstrap_ones_and_a_tombstone_restores_them() {
+        let bootstrap = Targets::parse(
+            r#"[{"kind": "webhook", "name": "w", "url": "http://boot", "max_in_flight": 1}]"#,
+        )
+        .expect("valid");
+        let declared = SharedDeclared::new();
+        let live = LiveTargets::new(bootstrap, declared.clone());
+        assert!(live.refresh(), "the first build");
+        assert!(!live.refresh(), "nothing changed");
+        let url = |live: &LiveTargets, name: &str| match live
+            .current()
+            .get(Kind::Webhook, name)
+            .map(|t| t.reach.clone())
+        {
+            Some(Reach::Webhook { url, .. }) => Some(url),
+            _ => None,
+        };
+        declared.apply(
+            "webhook/w",
+            Some(Ok(
+                r#"{"kind": "webhook", "name": "w", "url": "http://declared", "paused": true}"#
+                    .into(),
+            )),
+        );
+        declared.apply(
+            "webhook/late",
+            Some(Ok(
+                r#"{"kind": "webhook", "name": "late", "url": "http://late"}"#.into(),
+            )),
+        );
+        // Published under a key that is not its own: left out, never guessed at.
+        declared.apply(
+            "webhook/elsewhere",
+            Some(Ok(
+                r#"{"kind": "webhook", "name": "other", "url": "http://x"}"#.into(),
+            )),
+        );
+        assert!(live.refresh());
+        assert_eq!(url(&live, "w").as_deref(), Some("http://declared"));
+        assert!(live.current().get(Kind::Webhook, "w").expect("w").paused);
+        assert_eq!(url(&live, "late").as_deref(), Some("http://late"));
+        assert_eq!(url(&live, "other"), None);
+        declared.apply("webhook/w", None);
+        assert!(live.refresh());
+        assert_eq!(url(&live, "w").as_deref(), Some("http://boot"));
     }
 }

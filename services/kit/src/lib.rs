@@ -7,6 +7,7 @@ pub mod changelog;
 pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod declared;
 pub mod dlq;
 pub mod grants;
 pub mod health;

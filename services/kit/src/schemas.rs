@@ -18,10 +18,11 @@ pub enum SchemaName {
     TriggerRequest,
     RunStatus,
     Grant,
+    DeclaredResource,
 }
 
 impl SchemaName {
-    pub const ALL: [SchemaName; 7] = [
+    pub const ALL: [SchemaName; 8] = [
         SchemaName::AssetEvent,
         SchemaName::AssetState,
         SchemaName::DependencySpec,
@@ -29,6 +30,7 @@ impl SchemaName {
         SchemaName::TriggerRequest,
         SchemaName::RunStatus,
         SchemaName::Grant,
+        SchemaName::DeclaredResource,
     ];
 
     /// Position in [`SchemaName::ALL`] (declaration order).
@@ -46,6 +48,7 @@ impl SchemaName {
             SchemaName::TriggerRequest => "trigger-request",
             SchemaName::RunStatus => "run-status",
             SchemaName::Grant => "grant",
+            SchemaName::DeclaredResource => "declared-resource",
         }
     }
 
@@ -58,6 +61,9 @@ impl SchemaName {
             SchemaName::TriggerRequest => include_str!("../../../schemas/trigger-request.avsc"),
             SchemaName::RunStatus => include_str!("../../../schemas/run-status.avsc"),
             SchemaName::Grant => include_str!("../../../schemas/grant.avsc"),
+            SchemaName::DeclaredResource => {
+                include_str!("../../../schemas/declared-resource.avsc")
+            }
         }
     }
 

@@ -23,10 +23,15 @@ pub enum Topic {
     Runs,
     DeadLetter,
     Grants,
+    /// Targets declared through the API (`kind/name` → a [`DeclaredResource`]),
+    /// applied live by the dispatcher over its `SLUICE_TARGETS` bootstrap.
+    ///
+    /// [`DeclaredResource`]: crate::wire::DeclaredResource
+    Targets,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 8] = [
+    pub const ALL: [Topic; 9] = [
         Topic::AssetEvents,
         Topic::AssetState,
         Topic::Dependencies,
@@ -35,6 +40,7 @@ impl Topic {
         Topic::Runs,
         Topic::DeadLetter,
         Topic::Grants,
+        Topic::Targets,
     ];
 
     pub fn role(self) -> &'static str {
@@ -47,6 +53,7 @@ impl Topic {
             Topic::Runs => "runs",
             Topic::DeadLetter => "dead-letter",
             Topic::Grants => "grants",
+            Topic::Targets => "targets",
         }
     }
 
@@ -58,6 +65,7 @@ impl Topic {
                 | Topic::ResolverProgress
                 | Topic::Runs
                 | Topic::Grants
+                | Topic::Targets
         )
     }
 

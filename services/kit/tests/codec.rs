@@ -141,7 +141,9 @@ fn round_trips_through<T: serde::Serialize + serde::de::DeserializeOwned>(name: 
 
 #[test]
 fn every_example_decodes_into_its_rust_type_and_encodes_byte_equal() {
-    use sluice_kit::wire::{ProgressRecord, RunRecord, TriggerRecord, WireGrant, WireSpec};
+    use sluice_kit::wire::{
+        DeclaredResource, ProgressRecord, RunRecord, TriggerRecord, WireGrant, WireSpec,
+    };
     for name in SchemaName::ALL {
         match name {
             SchemaName::AssetEvent => round_trips_through::<AssetEvent>(name),
@@ -151,6 +153,7 @@ fn every_example_decodes_into_its_rust_type_and_encodes_byte_equal() {
             SchemaName::TriggerRequest => round_trips_through::<TriggerRecord>(name),
             SchemaName::RunStatus => round_trips_through::<RunRecord>(name),
             SchemaName::Grant => round_trips_through::<WireGrant>(name),
+            SchemaName::DeclaredResource => round_trips_through::<DeclaredResource>(name),
         }
     }
 }

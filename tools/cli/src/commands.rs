@@ -19,6 +19,8 @@ pub enum Kind {
     Run,
     Grant,
     Backfill,
+    /// A declared target, named `KIND/NAME` (webhook/reports).
+    Target,
 }
 
 #[derive(clap::Subcommand)]
@@ -48,6 +50,8 @@ pub enum Get {
         target: Option<String>,
     },
     Grants,
+    /// Declared targets (the dispatcher's SLUICE_TARGETS bootstrap is not listed).
+    Targets,
     /// Backfills and their progress, newest first.
     Backfills {
         #[arg(long)]
@@ -150,6 +154,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
                 Kind::Dep => path(&["v1", "dependencies", &name]),
                 Kind::Run => path(&["v1", "runs", &name]),
                 Kind::Backfill => path(&["v1", "backfills", &name]),
+                Kind::Target => target_path(&name, None)?,
                 Kind::Grant => {
                     let all = client.list("/v1/grants", MAX_ITEMS).await?;
                     let one = all
@@ -184,6 +189,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             let path = match kind {
                 Kind::Dep => path(&["v1", "dependencies", &name]),
                 Kind::Grant => path(&["v1", "grants", &name]),
+                Kind::Target => target_path(&name, None)?,
                 other => {
                     return Err(Failure::Usage(format!("{other:?} cannot be deleted")));
                 }
@@ -206,11 +212,33 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             }
             Ok(())
         }
-        Command::Pause { dependency, reason } => {
-            paused(client, &dependency, "pause", reason, format).await
+        Command::Pause {
+            dependency,
+            target,
+            reason,
+        } => {
+            paused(
+                client,
+                pausable(dependency, target)?,
+                "pause",
+                reason,
+                format,
+            )
+            .await
         }
-        Command::Resume { dependency, reason } => {
-            paused(client, &dependency, "resume", reason, format).await
+        Command::Resume {
+            dependency,
+            target,
+            reason,
+        } => {
+            paused(
+                client,
+                pausable(dependency, target)?,
+                "resume",
+                reason,
+                format,
+            )
+            .await
         }
         Command::Run {
             dependency,
@@ -307,6 +335,35 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Run => "run",
         Kind::Grant => "grant",
         Kind::Backfill => "backfill",
+        Kind::Target => "target",
+    }
+}
+
+/// `/v1/targets/KIND/NAME[/action]` from `KIND/NAME`.
+fn target_path(id: &str, action: Option<&str>) -> Result<String, Failure> {
+    let (kind, name) = id.split_once('/').ok_or_else(|| {
+        Failure::Usage(format!(
+            "{id:?}: a target is named KIND/NAME (webhook/reports)"
+        ))
+    })?;
+    let mut segments = vec!["v1", "targets", kind, name];
+    segments.extend(action);
+    Ok(path(&segments))
+}
+
+/// What `pause` / `resume` act on: a dependency, or a target with `--target`.
+pub enum Pausable {
+    Dependency(String),
+    Target(String),
+}
+
+fn pausable(dependency: Option<String>, target: Option<String>) -> Result<Pausable, Failure> {
+    match (dependency, target) {
+        (Some(d), None) => Ok(Pausable::Dependency(d)),
+        (None, Some(t)) => Ok(Pausable::Target(t)),
+        _ => Err(Failure::Usage(
+            "name a dependency, or a target with --target KIND/NAME".into(),
+        )),
     }
 }
 
@@ -381,6 +438,16 @@ async fn get(client: &Client, what: Get, format: Format) -> Result<(), Failure> 
                 col("TARGET", "target"),
             ],
         ),
+        Get::Targets => (
+            "/v1/targets".to_owned(),
+            vec![
+                col("TARGET", "id"),
+                col("PAUSED", "paused"),
+                col("URL", "document.url"),
+                col("MAX IN FLIGHT", "document.max_in_flight"),
+                col("INVALID", "invalid"),
+            ],
+        ),
         Get::Backfills { dependency } => (
             format!("/v1/backfills{}", query(&[("dependency", dependency)])),
             vec![
@@ -416,17 +483,20 @@ async fn get(client: &Client, what: Get, format: Format) -> Result<(), Failure> 
 
 async fn paused(
     client: &Client,
-    dependency: &str,
+    what: Pausable,
     action: &str,
     reason: Option<String>,
     format: Format,
 ) -> Result<(), Failure> {
+    let (url, shown) = match &what {
+        Pausable::Dependency(d) => (
+            path(&["v1", "dependencies", d, action]),
+            format!("dependency/{d}"),
+        ),
+        Pausable::Target(t) => (target_path(t, Some(action))?, format!("target/{t}")),
+    };
     let (_, v) = client
-        .call(
-            "POST",
-            &path(&["v1", "dependencies", dependency, action]),
-            Some(&json!({"reason": reason})),
-        )
+        .call("POST", &url, Some(&json!({"reason": reason})))
         .await?;
     if !output::structured(format, &v) {
         let state = if v["paused"] == Value::Bool(true) {
@@ -434,12 +504,12 @@ async fn paused(
         } else {
             "resumed"
         };
-        let changed = if v["changed"] == Value::Bool(true) {
-            format!(" (version {})", v["version"])
-        } else {
-            " (unchanged)".to_owned()
+        let changed = match (&v["changed"], &v["version"]) {
+            (Value::Bool(true), Value::Null) => String::new(),
+            (Value::Bool(true), version) => format!(" (version {version})"),
+            _ => " (unchanged)".to_owned(),
         };
-        println!("dependency/{dependency} {state}{changed}");
+        println!("{shown} {state}{changed}");
     }
     Ok(())
 }
@@ -540,8 +610,38 @@ pub async fn apply(
     let mut answers = Vec::new();
     let mut refused = 0usize;
     for (origin, spec) in specs {
+        // A target document names its kind and name; a dependency spec its id.
+        if spec.get("id").is_none()
+            && let (Some(kind), Some(name)) = (spec["kind"].as_str(), spec["name"].as_str())
+        {
+            let id = format!("{kind}/{name}");
+            let dry = dry_run.then(|| "true".to_owned());
+            let url = format!("{}{}", target_path(&id, None)?, query(&[("dry_run", &dry)]));
+            match client.call("PUT", &url, Some(&spec)).await {
+                Ok((status, v)) => {
+                    if format == Format::Table {
+                        let what = match (dry_run, status, &v["changed"]) {
+                            (_, _, Value::Bool(false)) => "unchanged",
+                            (true, _, _) if v["before"].is_null() => "would be created",
+                            (true, _, _) => "would be configured",
+                            (false, 201, _) => "created",
+                            (false, _, _) => "configured",
+                        };
+                        println!("target/{id} {what}");
+                    }
+                    answers.push(v);
+                }
+                Err(f) => {
+                    eprintln!("{origin}: {}", f.message());
+                    refused += 1;
+                }
+            }
+            continue;
+        }
         let Some(id) = spec["id"].as_str() else {
-            return Err(Failure::Usage(format!("{origin}: a spec without an id")));
+            return Err(Failure::Usage(format!(
+                "{origin}: neither a dependency spec (no id) nor a target (kind and name)"
+            )));
         };
         let dry = dry_run.then(|| "true".to_owned());
         let path = format!(

@@ -44,12 +44,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// List resources: assets, deps, runs, grants, audit.
+    /// List resources: assets, deps, runs, grants, targets, backfills, audit.
     Get {
         #[command(subcommand)]
         what: commands::Get,
     },
-    /// One resource in full: asset KEY, dep ID, run TRIGGER_KEY, backfill ID.
+    /// One resource in full: asset KEY, dep ID, run TRIGGER_KEY, backfill ID,
+    /// target KIND/NAME.
     Describe { kind: commands::Kind, name: String },
     /// Why a dependency did or did not run: the evaluator's own tree.
     Explain {
@@ -58,8 +59,9 @@ pub enum Command {
         #[arg(long)]
         at_ms: Option<i64>,
     },
-    /// Create or update dependencies from files or directories (JSON or YAML; one
-    /// spec or a list per file). Shows each change and the resolver's verdict.
+    /// Create or update dependencies and targets from files or directories (JSON
+    /// or YAML; one document or a list per file: a spec has an `id`, a target a
+    /// `kind` and `name`). Shows each change and the resolver's verdict.
     Apply {
         /// Files or directories (`-f` may repeat).
         #[arg(short = 'f', long = "filename")]
@@ -79,22 +81,31 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
     },
-    /// Delete a dependency.
+    /// Delete a dependency, a grant or a declared target.
     Delete {
         kind: commands::Kind,
         name: String,
         #[arg(long)]
         dry_run: bool,
     },
-    /// Pause a dependency: it is evaluated but fires nothing until resumed.
+    /// Pause a dependency (it is evaluated but fires nothing until resumed), or a
+    /// target with --target (no new sends; sends under way finish).
     Pause {
-        dependency: String,
+        #[arg(required_unless_present = "target")]
+        dependency: Option<String>,
+        /// A declared target, KIND/NAME.
+        #[arg(long, conflicts_with = "dependency")]
+        target: Option<String>,
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Resume a dependency: it fires once for the newest combination.
+    /// Resume a dependency (it fires once for the newest combination) or a target.
     Resume {
-        dependency: String,
+        #[arg(required_unless_present = "target")]
+        dependency: Option<String>,
+        /// A declared target, KIND/NAME.
+        #[arg(long, conflicts_with = "dependency")]
+        target: Option<String>,
         #[arg(long)]
         reason: Option<String>,
     },

@@ -7,6 +7,7 @@
 //! carry because Avro has no tuples, no tagged unions and no non-string map keys.
 
 pub mod asset_state;
+pub mod declared;
 pub mod dependency_spec;
 pub mod grant;
 pub mod resolver_progress;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::TargetKind;
 
 pub use asset_state::{StateRecord, WireCommit};
+pub use declared::DeclaredResource;
 pub use dependency_spec::WireSpec;
 pub use grant::WireGrant;
 pub use resolver_progress::{InputBaseline, ProgressRecord};
