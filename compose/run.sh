@@ -104,7 +104,7 @@ printf '\n%-22s %-8s %-24s %s\n' SERVICE STATUS ADMIN LOG
 for s in "${ORDER[@]}"; do
   printf '%-22s %-8s %-24s %s\n' "sluice-$s" ready "127.0.0.1:${PORT[$s]}" "$LOGS/$s.log"
 done
-printf '\ntopics: %s{asset-events,asset-state,dependencies,resolver-progress,triggers,runs,dead-letter,grants} on %s\n' \
+printf '\ntopics: %s{asset-events,asset-state,dependencies,resolver-progress,triggers,runs,dead-letter,grants,targets,tables} on %s\n' \
   "$SLUICE_TOPIC_PREFIX" "$SLUICE_KAFKA_BOOTSTRAP"
 printf 'metrics: curl http://127.0.0.1:9102/metrics\n'
 printf 'API:     curl -H "Authorization: Bearer %s" %s/v1/dependencies/dwd_trade_event_fact/explain\n' "$API_TOKEN" "$SLUICE_API_URL"

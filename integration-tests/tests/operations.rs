@@ -6,7 +6,8 @@
 //! runs each item once beside the dependency's live triggers, a resubmit adds
 //! none, and a cancel stops what has not started; a target declared while the
 //! services run takes the jobs waiting for it, its caps change without a restart
-//! and lose nothing, and a paused target holds new sends until resumed.
+//! and lose nothing, and a paused target holds new sends until resumed; a table
+//! declared while the ingester runs is polled from the position the state holds.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1027,4 +1028,160 @@ async fn a_target_declared_live_takes_its_waiting_jobs_changes_caps_and_pauses()
     assert_eq!(status, StatusCode::NOT_FOUND);
     push(&api.client, &url, assets[1], 3).await;
     still(&receiver, "/late", 9, Duration::from_secs(3)).await;
+}
+
+/// `sluice_ingester_poll_emitted_total{format="…"}` on the ingester's admin port.
+async fn poll_emitted(p: &Pipeline, format: &str) -> f64 {
+    let port = p.admin_port("ingester").expect("ingester running");
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let series = format!("sluice_ingester_poll_emitted_total{{format=\"{format}\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The delta-rs writer: `commits` appends to `<warehouse>/ods/<table>`; its path.
+fn delta_commits(warehouse: &std::path::Path, table: &str, commits: usize) -> String {
+    let out = sluice_integration_tests::lake_script(
+        "commit.py",
+        &[
+            "delta".to_owned(),
+            warehouse.display().to_string(),
+            "ods".to_owned(),
+            table.to_owned(),
+            commits.to_string(),
+        ],
+    );
+    let last: Value = serde_json::from_str(out.lines().last().expect("a commit")).expect("json");
+    last["path"].as_str().expect("path").to_owned()
+}
+
+#[tokio::test]
+async fn a_table_declared_live_is_polled_from_the_position_the_state_holds() {
+    let mut p = Pipeline::new(2, &[]).await;
+    let api = p.start_all_with_api(tokens_file(), ADMIN).await;
+    let warehouse = std::env::temp_dir().join(unique("warehouse"));
+    let lake = warehouse.clone();
+    let path = tokio::task::spawn_blocking(move || delta_commits(&lake, "orders", 2))
+        .await
+        .expect("writer");
+    let asset = "lake.ods.orders_live";
+    // The commit at version 1 reached Sluice already (a commit hook): the state
+    // holds it before any poller knows the table.
+    let r = api
+        .client
+        .post(p.push_url())
+        .bearer_auth(sluice_integration_tests::pipeline::TOKEN)
+        .json(
+            &json!({"asset_key": asset, "format": "delta", "snapshot_id": 1, "sequence": 1,
+                      "commit_time_ms": 1_764_633_600_000i64, "operation": "append"}),
+        )
+        .send()
+        .await
+        .expect("push");
+    assert!(r.status().is_success(), "{}", r.status());
+    let sequence = |v: &Value| v["latest"]["sequence"].as_i64();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let (_, v) = api
+                .call("GET", &format!("/v1/assets/{asset}"), ADMIN, None)
+                .await;
+            sequence(&v) == Some(1)
+        })
+        .await
+    );
+
+    // Declared while the ingester runs, with `start: earliest`: it resumes after
+    // what the state holds, so versions 0 and 1 are not emitted again.
+    let dir = std::env::temp_dir().join(unique("tables"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("orders.yaml");
+    let table = |interval_ms: u32| {
+        format!(
+            "asset: {asset}\nformat: delta\npath: {path}\ninterval_ms: {interval_ms}\n\
+             push_timeout_ms: {interval_ms}\nstart: earliest\n"
+        )
+    };
+    std::fs::write(&file, table(500)).expect("table file");
+    let f = file.to_string_lossy().into_owned();
+    let (code, out, err) = sluice_as(&api, ADMIN, &["apply", "-f", &f, "--dry-run"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, &*format!("table/{asset} would be created")),
+        "{err}"
+    );
+    let (code, out, err) = sluice_as(&api, ADMIN, &["apply", "-f", &f]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, &*format!("table/{asset} created")),
+        "{err}"
+    );
+    let (_, out, _) = sluice_as(&api, ADMIN, &["get", "tables"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(asset) && l.contains("delta")),
+        "{out}"
+    );
+
+    // A new commit is polled within the interval.
+    let lake = warehouse.clone();
+    tokio::task::spawn_blocking(move || delta_commits(&lake, "orders", 1))
+        .await
+        .expect("writer");
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            let (_, v) = api
+                .call("GET", &format!("/v1/assets/{asset}"), ADMIN, None)
+                .await;
+            sequence(&v) == Some(2)
+        })
+        .await,
+        "the declared table is polled"
+    );
+    assert_eq!(
+        poll_emitted(&p, "DELTA").await,
+        1.0,
+        "only the commit after the held position is emitted"
+    );
+
+    // Changed live, then deleted: no longer polled.
+    std::fs::write(&file, table(700)).expect("table file");
+    let (code, out, err) = sluice_as(&api, ADMIN, &["apply", "-f", &f]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, &*format!("table/{asset} configured")),
+        "{err}"
+    );
+    let (code, out, err) = sluice_as(&api, ADMIN, &["delete", "table", asset]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, &*format!("table/{asset} deleted")),
+        "{err}"
+    );
+    let lake = warehouse.clone();
+    tokio::task::spawn_blocking(move || delta_commits(&lake, "orders", 1))
+        .await
+        .expect("writer");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, v) = api
+        .call("GET", &format!("/v1/assets/{asset}"), ADMIN, None)
+        .await;
+    assert_eq!(sequence(&v), Some(2), "a deleted table is not polled: {v}");
+    let audit = api.get("/v1/audit").await;
+    let actions: Vec<&str> = audit["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["action"].as_str())
+        .filter(|a| a.starts_with("table."))
+        .collect();
+    for want in ["table.create", "table.replace", "table.delete"] {
+        assert!(actions.contains(&want), "{want} audited: {actions:?}");
+    }
 }

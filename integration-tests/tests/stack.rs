@@ -177,7 +177,9 @@ async fn bootstrap_creates_compacted_topics_compacted_and_is_idempotent() {
             "dependencies",
             "grants",
             "resolver-progress",
-            "runs"
+            "runs",
+            "tables",
+            "targets"
         ])
     );
 }

@@ -39,6 +39,7 @@ pub const TOPICS: &[Topic] = &[
     Topic::Grants,
     Topic::Triggers,
     Topic::Targets,
+    Topic::Tables,
 ];
 
 #[derive(Clone, Debug)]
@@ -160,6 +161,14 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         shutdown.flag(),
         c.kafka.request_timeout,
     ));
+    let tables = sluice_kit::declared::SharedDeclared::new();
+    followers.push(tables.spawn_follower(
+        c.kafka.reader_config(&format!("{client_id}-tables")),
+        c.topics.name(Topic::Tables),
+        BlockingCodec::new(registry)?,
+        shutdown.flag(),
+        c.kafka.request_timeout,
+    ));
     let view = view::View::with_grants(grants, options.grants == GrantsMode::Enforce);
     for (what, topic) in [
         (view::Followed::AssetState, Topic::AssetState),
@@ -193,6 +202,8 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         grants_topic: c.topics.name(Topic::Grants),
         targets: targets.clone(),
         targets_topic: c.topics.name(Topic::Targets),
+        tables: tables.clone(),
+        tables_topic: c.topics.name(Topic::Tables),
         triggers_topic: c.topics.name(Topic::Triggers),
         commits: Arc::new(commits::Commits {
             config: c.kafka.reader_config(&format!("{client_id}-commits")),
@@ -221,10 +232,14 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let readiness = tokio::spawn(async move {
         while !stop.is_stopping() {
             health.beat();
-            if let Some(e) = watch.failure().or_else(|| targets.failure()) {
+            let failure = watch
+                .failure()
+                .or_else(|| targets.failure())
+                .or_else(|| tables.failure());
+            if let Some(e) = failure {
                 return Err(Error::Follower(e));
             }
-            health.set_ready(watch.ready() && targets.caught_up());
+            health.set_ready(watch.ready() && targets.caught_up() && tables.caught_up());
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())

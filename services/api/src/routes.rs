@@ -34,7 +34,7 @@ use crate::view::{Tables, View};
 
 mod actions;
 mod backfills;
-mod targets;
+mod declared;
 
 /// Every route, as `openapi.json` documents it (a test holds the two together).
 pub const ROUTES: &[(&str, &str)] = &[
@@ -72,6 +72,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/targets/{kind}/{name}"),
     ("post", "/v1/targets/{kind}/{name}/pause"),
     ("post", "/v1/targets/{kind}/{name}/resume"),
+    ("get", "/v1/tables"),
+    ("get", "/v1/tables/{asset}"),
+    ("put", "/v1/tables/{asset}"),
+    ("delete", "/v1/tables/{asset}"),
 ];
 
 #[derive(Clone)]
@@ -89,6 +93,9 @@ pub struct App {
     /// Declared targets, followed whole from `targets_topic`.
     pub targets: Arc<sluice_kit::declared::SharedDeclared>,
     pub targets_topic: String,
+    /// Declared tables, followed whole from `tables_topic`.
+    pub tables: Arc<sluice_kit::declared::SharedDeclared>,
+    pub tables_topic: String,
     /// Where manual runs and re-runs go, for the dispatcher to record once.
     pub triggers_topic: String,
     pub commits: Arc<Commits>,
@@ -139,20 +146,27 @@ pub fn router(app: App) -> Router {
         .route("/v1/audit", get(audit))
         .route("/v1/grants", get(list_grants))
         .route("/v1/grants/{id}", put(put_grant).delete(delete_grant))
-        .route("/v1/targets", get(targets::list_targets))
+        .route("/v1/targets", get(declared::list_targets))
         .route(
             "/v1/targets/{kind}/{name}",
-            get(targets::get_target)
-                .put(targets::put_target)
-                .delete(targets::delete_target),
+            get(declared::get_target)
+                .put(declared::put_target)
+                .delete(declared::delete_target),
         )
         .route(
             "/v1/targets/{kind}/{name}/pause",
-            post(targets::pause_target),
+            post(declared::pause_target),
         )
         .route(
             "/v1/targets/{kind}/{name}/resume",
-            post(targets::resume_target),
+            post(declared::resume_target),
+        )
+        .route("/v1/tables", get(declared::list_tables))
+        .route(
+            "/v1/tables/{asset}",
+            get(declared::get_table)
+                .put(declared::put_table)
+                .delete(declared::delete_table),
         )
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)

@@ -90,6 +90,14 @@ fn app_with(view: Arc<View>) -> App {
         )),
     );
     targets.mark_caught_up();
+    let tables = sluice_kit::declared::SharedDeclared::new();
+    tables.apply(
+        "lake.ods.order",
+        Some(Ok(
+            r#"{"asset": "lake.ods.order", "format": "paimon", "path": "/lake/ods/order"}"#.into(),
+        )),
+    );
+    tables.mark_caught_up();
     let mut kafka = rdkafka::ClientConfig::new();
     kafka.set("bootstrap.servers", "127.0.0.1:1");
     App {
@@ -106,6 +114,8 @@ fn app_with(view: Arc<View>) -> App {
         grants_topic: "grants".into(),
         targets,
         targets_topic: "targets".into(),
+        tables,
+        tables_topic: "tables".into(),
         triggers_topic: "triggers".into(),
         commits: Arc::new(Commits {
             config: kafka.clone(),
@@ -156,6 +166,7 @@ fn concrete(path: &str) -> String {
         .replace("{backfill_id}", "bf-0123456789abcdef01234567")
         .replace("{kind}", "webhook")
         .replace("{name}", "hooks")
+        .replace("{asset}", "lake.ods.order")
 }
 
 #[tokio::test]
@@ -219,6 +230,7 @@ fn needs(method: &str, path: &str) -> &'static [&'static str] {
         ("put" | "delete", p) if p.starts_with("/v1/grants") => ROOT,
         // Targets serve every project: changed by an admin of all of them.
         ("put" | "delete" | "post", p) if p.starts_with("/v1/targets") => ROOT,
+        ("put" | "delete", p) if p.starts_with("/v1/tables") => ROOT,
         ("put" | "delete", _) => GMV_EDITORS,
         ("post", p) if p.starts_with("/v1/dependencies/{id}") => GMV_OPERATORS,
         (_, p) if p.starts_with("/v1/dependencies/{id}") => GMV_VIEWERS,
@@ -335,6 +347,27 @@ async fn bad_input_on_every_route_is_a_precise_4xx() {
             Some(r#"{"kind": "webhook", "name": "hooks"}"#.into()),
             StatusCode::UNPROCESSABLE_ENTITY,
             "`url` is required for this kind",
+        ),
+        (
+            "put",
+            "/v1/tables/lake.ods.order?dry_run=true".into(),
+            Some(r#"{"asset": "lake.ods.order", "format": "iceberg", "path": "/l"}"#.into()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "an Iceberg table needs its \"catalog\"",
+        ),
+        (
+            "put",
+            "/v1/tables/lake.ods.order?dry_run=true".into(),
+            Some(r#"{"asset": "lake.ods.other", "format": "delta", "path": "/l"}"#.into()),
+            StatusCode::BAD_REQUEST,
+            "the path names \"lake.ods.order\" but the document is table \"lake.ods.other\"",
+        ),
+        (
+            "delete",
+            "/v1/tables/lake.ods.none".into(),
+            None,
+            StatusCode::NOT_FOUND,
+            "no declared table \"lake.ods.none\"",
         ),
         (
             "post",

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use rdkafka::producer::FutureProducer;
 use sluice_kit::config::{Common, ConfigErrors, Env};
+use sluice_kit::declared::SharedDeclared;
 use sluice_kit::service::{self, StartError, Supervisor, TaskError};
 use sluice_kit::txn;
 use sluice_kit::{BlockingCodec, Codec, Shutdown, Topic};
@@ -31,7 +32,12 @@ use sluice_kit::{BlockingCodec, Codec, Shutdown, Topic};
 pub const SERVICE: &str = "ingester";
 
 /// The topics this service reads or writes; bootstrap creates and checks them.
-pub const TOPICS: &[Topic] = &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter];
+pub const TOPICS: &[Topic] = &[
+    Topic::AssetEvents,
+    Topic::AssetState,
+    Topic::DeadLetter,
+    Topic::Tables,
+];
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -193,28 +199,56 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         );
     }
 
-    if !options.tables.is_empty() {
-        let known = Arc::new(poll::Known::default());
-        let wanted: Vec<_> = options.tables.iter().map(|t| t.asset.clone()).collect();
-        let (reader, topic) = (
-            c.kafka.reader_config(&c.client_id("positions")),
-            c.topics.name(Topic::AssetState),
-        );
-        let (k, codec, stop) = (
-            known.clone(),
-            BlockingCodec::new(registry)?,
-            shutdown.flag(),
-        );
-        supervisor.spawn_blocking("poll positions", move || {
-            k.follow(reader, &topic, &wanted, &codec, &stop)
-        });
-        let poller = poll::Poller {
-            tables: options.tables.clone(),
-            known,
-            sink: sink.clone(),
-        };
-        supervisor.spawn("poller", poller.run(shutdown.clone()));
-    }
+    // Pollers: the bootstrap tables and those declared on the tables topic, both
+    // live; the positions follower reads asset-state for the polled assets.
+    let known = Arc::new(poll::Known::new(
+        &options
+            .tables
+            .iter()
+            .map(|t| t.asset.clone())
+            .collect::<Vec<_>>(),
+    ));
+    let declared = SharedDeclared::new();
+    let declared_follower = declared.spawn_follower(
+        c.kafka.reader_config(&c.client_id("tables")),
+        c.topics.name(Topic::Tables),
+        BlockingCodec::new(registry)?,
+        shutdown.flag(),
+        c.kafka.request_timeout,
+    );
+    let watched = declared.clone();
+    supervisor.spawn_blocking("tables follower", move || {
+        let _ = declared_follower.join();
+        match watched.failure() {
+            Some(e) => Err(format!("tables topic: {e}")),
+            None => Ok(()),
+        }
+    });
+    let (reader, topic) = (
+        c.kafka.reader_config(&c.client_id("positions")),
+        c.topics.name(Topic::AssetState),
+    );
+    let positions = Arc::new(poll::Positions {
+        config: reader.clone(),
+        topic: topic.clone(),
+        registry: registry.map(str::to_owned),
+    });
+    let (k, codec, stop) = (
+        known.clone(),
+        BlockingCodec::new(registry)?,
+        shutdown.flag(),
+    );
+    supervisor.spawn_blocking("poll positions", move || {
+        k.follow(reader, &topic, &codec, &stop)
+    });
+    let poller = poll::Poller {
+        bootstrap: options.tables.clone(),
+        declared,
+        known,
+        positions,
+        sink: sink.clone(),
+    };
+    supervisor.spawn("poller", poller.run(shutdown.clone()));
 
     started.health.set_ready(true);
     tracing::info!(
@@ -222,7 +256,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         admin = %started.admin_addr,
         http = ?options.http_addr,
         hook_topics = options.hook_topics.len(),
-        polled_tables = options.tables.len(),
+        bootstrap_tables = options.tables.len(),
         "ready"
     );
     Ok(supervisor.run(started).await?)

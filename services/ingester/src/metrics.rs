@@ -5,6 +5,8 @@ pub const HTTP_REJECTED_TOTAL: &str = "sluice_ingester_http_rejected_total";
 pub const HOOK_EVENTS_TOTAL: &str = "sluice_ingester_hook_events_total";
 pub const POLL_EMITTED_TOTAL: &str = "sluice_ingester_poll_emitted_total";
 pub const POLL_ERRORS_TOTAL: &str = "sluice_ingester_poll_errors_total";
+pub const POLL_TABLES: &str = "sluice_ingester_poll_tables";
+pub const POLL_TABLES_INVALID: &str = "sluice_ingester_poll_tables_invalid";
 
 pub fn describe() {
     metrics::describe_counter!(
@@ -23,5 +25,10 @@ pub fn describe() {
     metrics::describe_counter!(
         POLL_ERRORS_TOTAL,
         "Polls that failed (unreadable or half-written metadata), by format"
+    );
+    metrics::describe_gauge!(POLL_TABLES, "Tables polled (bootstrap and declared)");
+    metrics::describe_gauge!(
+        POLL_TABLES_INVALID,
+        "Declared tables left out: not valid here (e.g. a token variable this ingester lacks)"
     );
 }

@@ -28,10 +28,15 @@ pub enum Topic {
     ///
     /// [`DeclaredResource`]: crate::wire::DeclaredResource
     Targets,
+    /// Tables declared through the API for the ingester's pollers (asset key →
+    /// a [`DeclaredResource`]), applied live over `SLUICE_POLL_TABLES`.
+    ///
+    /// [`DeclaredResource`]: crate::wire::DeclaredResource
+    Tables,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 9] = [
+    pub const ALL: [Topic; 10] = [
         Topic::AssetEvents,
         Topic::AssetState,
         Topic::Dependencies,
@@ -41,6 +46,7 @@ impl Topic {
         Topic::DeadLetter,
         Topic::Grants,
         Topic::Targets,
+        Topic::Tables,
     ];
 
     pub fn role(self) -> &'static str {
@@ -54,6 +60,7 @@ impl Topic {
             Topic::DeadLetter => "dead-letter",
             Topic::Grants => "grants",
             Topic::Targets => "targets",
+            Topic::Tables => "tables",
         }
     }
 
@@ -66,6 +73,7 @@ impl Topic {
                 | Topic::Runs
                 | Topic::Grants
                 | Topic::Targets
+                | Topic::Tables
         )
     }
 

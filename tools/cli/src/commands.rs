@@ -21,6 +21,8 @@ pub enum Kind {
     Backfill,
     /// A declared target, named `KIND/NAME` (webhook/reports).
     Target,
+    /// A declared polled table, named by its asset key.
+    Table,
 }
 
 #[derive(clap::Subcommand)]
@@ -52,6 +54,8 @@ pub enum Get {
     Grants,
     /// Declared targets (the dispatcher's SLUICE_TARGETS bootstrap is not listed).
     Targets,
+    /// Declared polled tables (the ingester's SLUICE_POLL_TABLES is not listed).
+    Tables,
     /// Backfills and their progress, newest first.
     Backfills {
         #[arg(long)]
@@ -155,6 +159,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
                 Kind::Run => path(&["v1", "runs", &name]),
                 Kind::Backfill => path(&["v1", "backfills", &name]),
                 Kind::Target => target_path(&name, None)?,
+                Kind::Table => path(&["v1", "tables", &name]),
                 Kind::Grant => {
                     let all = client.list("/v1/grants", MAX_ITEMS).await?;
                     let one = all
@@ -190,6 +195,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
                 Kind::Dep => path(&["v1", "dependencies", &name]),
                 Kind::Grant => path(&["v1", "grants", &name]),
                 Kind::Target => target_path(&name, None)?,
+                Kind::Table => path(&["v1", "tables", &name]),
                 other => {
                     return Err(Failure::Usage(format!("{other:?} cannot be deleted")));
                 }
@@ -336,6 +342,7 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Grant => "grant",
         Kind::Backfill => "backfill",
         Kind::Target => "target",
+        Kind::Table => "table",
     }
 }
 
@@ -445,6 +452,16 @@ async fn get(client: &Client, what: Get, format: Format) -> Result<(), Failure> 
                 col("PAUSED", "paused"),
                 col("URL", "document.url"),
                 col("MAX IN FLIGHT", "document.max_in_flight"),
+                col("INVALID", "invalid"),
+            ],
+        ),
+        Get::Tables => (
+            "/v1/tables".to_owned(),
+            vec![
+                col("ASSET", "id"),
+                col("FORMAT", "document.format"),
+                col("PATH", "document.path"),
+                col("INTERVAL MS", "document.interval_ms"),
                 col("INVALID", "invalid"),
             ],
         ),
@@ -610,13 +627,20 @@ pub async fn apply(
     let mut answers = Vec::new();
     let mut refused = 0usize;
     for (origin, spec) in specs {
-        // A target document names its kind and name; a dependency spec its id.
-        if spec.get("id").is_none()
-            && let (Some(kind), Some(name)) = (spec["kind"].as_str(), spec["name"].as_str())
-        {
-            let id = format!("{kind}/{name}");
+        // A dependency spec has an id; a target a kind and a name; a table an asset.
+        let declared = match (&spec["id"], &spec["kind"], &spec["name"], &spec["asset"]) {
+            (Value::Null, Value::String(kind), Value::String(name), _) => {
+                let id = format!("{kind}/{name}");
+                Some((target_path(&id, None)?, format!("target/{id}")))
+            }
+            (Value::Null, _, _, Value::String(asset)) => {
+                Some((path(&["v1", "tables", asset]), format!("table/{asset}")))
+            }
+            _ => None,
+        };
+        if let Some((at, shown)) = declared {
             let dry = dry_run.then(|| "true".to_owned());
-            let url = format!("{}{}", target_path(&id, None)?, query(&[("dry_run", &dry)]));
+            let url = format!("{at}{}", query(&[("dry_run", &dry)]));
             match client.call("PUT", &url, Some(&spec)).await {
                 Ok((status, v)) => {
                     if format == Format::Table {
@@ -627,7 +651,7 @@ pub async fn apply(
                             (false, 201, _) => "created",
                             (false, _, _) => "configured",
                         };
-                        println!("target/{id} {what}");
+                        println!("{shown} {what}");
                     }
                     answers.push(v);
                 }
@@ -640,7 +664,7 @@ pub async fn apply(
         }
         let Some(id) = spec["id"].as_str() else {
             return Err(Failure::Usage(format!(
-                "{origin}: neither a dependency spec (no id) nor a target (kind and name)"
+                "{origin}: not a dependency spec (id), a target (kind, name) or a table (asset)"
             )));
         };
         let dry = dry_run.then(|| "true".to_owned());

@@ -44,13 +44,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// List resources: assets, deps, runs, grants, targets, backfills, audit.
+    /// List resources: assets, deps, runs, grants, targets, tables, backfills, audit.
     Get {
         #[command(subcommand)]
         what: commands::Get,
     },
     /// One resource in full: asset KEY, dep ID, run TRIGGER_KEY, backfill ID,
-    /// target KIND/NAME.
+    /// target KIND/NAME, table ASSET.
     Describe { kind: commands::Kind, name: String },
     /// Why a dependency did or did not run: the evaluator's own tree.
     Explain {
@@ -59,9 +59,10 @@ pub enum Command {
         #[arg(long)]
         at_ms: Option<i64>,
     },
-    /// Create or update dependencies and targets from files or directories (JSON
-    /// or YAML; one document or a list per file: a spec has an `id`, a target a
-    /// `kind` and `name`). Shows each change and the resolver's verdict.
+    /// Create or update dependencies, targets and polled tables from files or
+    /// directories (JSON or YAML; one document or a list per file: a spec has an
+    /// `id`, a target a `kind` and `name`, a table an `asset`). Shows each change
+    /// and the resolver's verdict.
     Apply {
         /// Files or directories (`-f` may repeat).
         #[arg(short = 'f', long = "filename")]
@@ -81,7 +82,7 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
     },
-    /// Delete a dependency, a grant or a declared target.
+    /// Delete a dependency, a grant, a declared target or a declared table.
     Delete {
         kind: commands::Kind,
         name: String,

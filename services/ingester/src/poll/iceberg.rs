@@ -58,11 +58,25 @@ pub enum Catalog {
 }
 
 impl Catalog {
-    /// Problems with the settings, for the start-up check.
+    /// Problems with the settings, for the start-up check (and the ingester's
+    /// own environment: a token variable must be set).
     pub fn problems(&self) -> Vec<String> {
+        self.problems_where(true)
+    }
+
+    /// Problems with the settings; `here`: whether this process is the one that
+    /// reads the catalog (the API checks a declared table without its environment).
+    pub fn problems_where(&self, here: bool) -> Vec<String> {
         let mut out = Vec::new();
         match self {
             Catalog::Sql { uri, name, table } => {
+                if !here && uri_has_password(uri) {
+                    out.push(
+                        "catalog uri: a declared table holds no password; give the ingester \
+                         PGPASSWORD or a ~/.pgpass instead"
+                            .into(),
+                    );
+                }
                 if sql_backend(uri).is_none() {
                     out.push(format!(
                         "catalog uri {uri:?}: sqlite:///… or postgresql://… expected"
@@ -88,6 +102,7 @@ impl Catalog {
                     out.push(format!("catalog table {table:?}: namespace.table expected"));
                 }
                 if let Some(var) = token_env
+                    && here
                     && std::env::var(var).is_err()
                 {
                     out.push(format!("catalog token_env {var}: not set"));
@@ -97,6 +112,13 @@ impl Catalog {
         }
         out
     }
+}
+
+/// Whether `user:password@` is written into a URI.
+fn uri_has_password(uri: &str) -> bool {
+    uri.split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .is_some_and(|(userinfo, _)| !userinfo.contains('/') && userinfo.contains(':'))
 }
 
 /// `a.b.table` → (["a", "b"], "table").

@@ -24,9 +24,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::Consumer;
 use rdkafka::{ClientConfig, Message};
 use serde::Deserialize;
 use sluice_core::{AssetEvent, AssetKey, EventKind, EventSource, TableFormat};
+use sluice_kit::declared::SharedDeclared;
 use sluice_kit::wire::StateRecord;
 use sluice_kit::{BlockingCodec, SchemaName, Shutdown};
 
@@ -73,7 +75,7 @@ fn default_push_timeout() -> u64 {
     60_000
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Table {
     pub asset: AssetKey,
     pub format: TableFormat,
@@ -94,55 +96,9 @@ pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
     let mut tables = Vec::new();
     for (i, s) in specs.into_iter().enumerate() {
         let at = format!("SLUICE_POLL_TABLES[{i}] ({})", s.asset);
-        let asset = AssetKey::parse(&s.asset).map_err(|e| problems.push(format!("{at}: {e}")));
-        let format = s
-            .format
-            .parse::<TableFormat>()
-            .map_err(|e| problems.push(format!("{at}: {e}")));
-        if matches!(format, Ok(TableFormat::Other)) {
-            problems.push(format!("{at}: format other has no metadata to poll"));
-        }
-        let path = s.path.to_string_lossy();
-        if (path.starts_with("s3://") || path.starts_with("s3a://"))
-            && let Err(e) = object::locate(&path)
-        {
-            problems.push(format!("{at}: path: {e}"));
-        } else if path.contains("://") && !path.starts_with("s3") {
-            problems.push(format!(
-                "{at}: path {path:?}: a local directory or s3://bucket/prefix"
-            ));
-        }
-        if s.interval_ms < 100 || s.push_timeout_ms < 100 {
-            problems.push(format!(
-                "{at}: interval_ms and push_timeout_ms are at least 100"
-            ));
-        }
-        match (&format, &s.catalog) {
-            (Ok(TableFormat::Iceberg), None) => problems.push(format!(
-                "{at}: an Iceberg table needs its \"catalog\": {{\"kind\": \"sql\", \"uri\", \"name\", \"table\"}}, \
-                 {{\"kind\": \"rest\", \"uri\", \"table\"}}, {{\"kind\": \"hadoop\"}} or, as a fallback that can \
-                 read an uncommitted file, {{\"kind\": \"directory\"}}"
-            )),
-            (Ok(TableFormat::Iceberg), Some(c)) => {
-                problems.extend(c.problems().into_iter().map(|p| format!("{at}: {p}")));
-            }
-            (Ok(f), Some(_)) => problems.push(format!("{at}: \"catalog\" is for Iceberg tables, not {f}")),
-            _ => {}
-        }
-        if s.follow.is_some() && !matches!(format, Ok(TableFormat::Iceberg)) {
-            problems.push(format!("{at}: \"ref\" is for Iceberg tables"));
-        }
-        if let (Ok(asset), Ok(format)) = (asset, format) {
-            tables.push(Table {
-                catalog: s.catalog,
-                follow: s.follow.unwrap_or_else(|| "main".to_owned()),
-                asset,
-                format,
-                path: s.path,
-                interval: Duration::from_millis(s.interval_ms),
-                push_timeout: Duration::from_millis(s.push_timeout_ms),
-                start: s.start,
-            });
+        match build(s, true) {
+            Ok(t) => tables.push(t),
+            Err(ps) => problems.extend(ps.into_iter().map(|p| format!("{at}: {p}"))),
         }
     }
     if problems.is_empty() {
@@ -150,6 +106,112 @@ pub fn parse_tables(json: &str) -> Result<Vec<Table>, Vec<String>> {
     } else {
         Err(problems)
     }
+}
+
+/// A declared table's document (the tables topic), as the API checks it before
+/// publishing: its asset key, or every mistake. Nothing of the ingester's own
+/// environment is looked at; a SQL catalog URI may not hold a password.
+pub fn check_declared(document: &str) -> Result<String, Vec<String>> {
+    let spec: TableSpec = serde_json::from_str(document).map_err(|e| vec![e.to_string()])?;
+    build(spec, false).map(|t| t.asset.as_str().to_owned())
+}
+
+/// A declared table as this ingester polls it.
+fn parse_declared(document: &str) -> Result<Table, Vec<String>> {
+    let spec: TableSpec = serde_json::from_str(document).map_err(|e| vec![e.to_string()])?;
+    build(spec, true)
+}
+
+/// One table from its spec; `here`: this process polls it (its environment counts).
+fn build(s: TableSpec, here: bool) -> Result<Table, Vec<String>> {
+    let mut problems = Vec::new();
+    let asset = AssetKey::parse(&s.asset).map_err(|e| problems.push(e.to_string()));
+    let format = s
+        .format
+        .parse::<TableFormat>()
+        .map_err(|e| problems.push(e.to_string()));
+    if matches!(format, Ok(TableFormat::Other)) {
+        problems.push("format other has no metadata to poll".into());
+    }
+    let path = s.path.to_string_lossy();
+    if (path.starts_with("s3://") || path.starts_with("s3a://"))
+        && let Err(e) = object::locate(&path)
+    {
+        problems.push(format!("path: {e}"));
+    } else if path.contains("://") && !path.starts_with("s3") {
+        problems.push(format!(
+            "path {path:?}: a local directory or s3://bucket/prefix"
+        ));
+    }
+    if s.interval_ms < 100 || s.push_timeout_ms < 100 {
+        problems.push("interval_ms and push_timeout_ms are at least 100".into());
+    }
+    match (&format, &s.catalog) {
+        (Ok(TableFormat::Iceberg), None) => problems.push(
+            "an Iceberg table needs its \"catalog\": {\"kind\": \"sql\", \"uri\", \"name\", \"table\"}, \
+             {\"kind\": \"rest\", \"uri\", \"table\"}, {\"kind\": \"hadoop\"} or, as a fallback that can \
+             read an uncommitted file, {\"kind\": \"directory\"}"
+                .into(),
+        ),
+        (Ok(TableFormat::Iceberg), Some(c)) => problems.extend(c.problems_where(here)),
+        (Ok(f), Some(_)) => problems.push(format!("\"catalog\" is for Iceberg tables, not {f}")),
+        _ => {}
+    }
+    if s.follow.is_some() && !matches!(format, Ok(TableFormat::Iceberg)) {
+        problems.push("\"ref\" is for Iceberg tables".into());
+    }
+    match (asset, format) {
+        (Ok(asset), Ok(format)) if problems.is_empty() => Ok(Table {
+            catalog: s.catalog,
+            follow: s.follow.unwrap_or_else(|| "main".to_owned()),
+            asset,
+            format,
+            path: s.path,
+            interval: Duration::from_millis(s.interval_ms),
+            push_timeout: Duration::from_millis(s.push_timeout_ms),
+            start: s.start,
+        }),
+        _ => Err(problems),
+    }
+}
+
+/// The tables polled now: the bootstrap set with the declared ones over it (a
+/// declared table replaces a `SLUICE_POLL_TABLES` one of the same asset; deleting
+/// it restores that one). A declared table not valid here is left out, logged.
+pub fn tables_in_force(bootstrap: &[Table], declared: &SharedDeclared) -> Vec<Table> {
+    let mut by_asset: std::collections::BTreeMap<String, Table> = bootstrap
+        .iter()
+        .map(|t| (t.asset.as_str().to_owned(), t.clone()))
+        .collect();
+    let mut invalid = 0u64;
+    for (id, doc) in declared.snapshot() {
+        let built = doc
+            .map_err(|e| vec![e])
+            .and_then(|d| parse_declared(&d))
+            .and_then(|t| {
+                if t.asset.as_str() == id {
+                    Ok(t)
+                } else {
+                    Err(vec![format!(
+                        "published under {id:?}, not {:?}",
+                        t.asset.as_str()
+                    )])
+                }
+            });
+        match built {
+            Ok(t) => {
+                by_asset.insert(id, t);
+            }
+            Err(problems) => {
+                invalid += 1;
+                tracing::error!(table = %id, problems = %problems.join("; "),
+                    "declared table not valid here: left out");
+            }
+        }
+    }
+    metrics::gauge!(m::POLL_TABLES_INVALID).set(invalid as f64);
+    metrics::gauge!(m::POLL_TABLES).set(by_asset.len() as f64);
+    by_asset.into_values().collect()
 }
 
 /// The newest commit the asset-state topic holds for a polled asset, and when it
@@ -165,10 +227,34 @@ struct Held {
 #[derive(Default)]
 pub struct Known {
     seen: Mutex<HashMap<String, Held>>,
+    /// The assets followed: the polled tables'. A table added later is read up
+    /// once ([`Known::catch_up`]) and followed from then on.
+    wanted: std::sync::RwLock<std::collections::HashSet<String>>,
     caught_up: AtomicBool,
 }
 
+/// Where the asset-state topic is read from, for a table added while running.
+pub struct Positions {
+    pub config: ClientConfig,
+    pub topic: String,
+    pub registry: Option<String>,
+}
+
 impl Known {
+    pub fn new(wanted: &[AssetKey]) -> Self {
+        Known {
+            wanted: std::sync::RwLock::new(wanted.iter().map(|a| a.as_str().to_owned()).collect()),
+            ..Known::default()
+        }
+    }
+
+    fn wants(&self, asset: &str) -> bool {
+        self.wanted
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(asset)
+    }
+
     fn advance(&self, asset: &str, sequence: i64, snapshot_id: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let held = Held {
@@ -190,16 +276,28 @@ impl Known {
             .copied()
     }
 
+    /// One asset-state record of a wanted asset.
+    fn take(&self, key: &str, payload: &[u8], codec: &BlockingCodec) {
+        match codec.decode::<StateRecord>(SchemaName::AssetState, payload) {
+            Ok(r) => {
+                if let Some(latest) = r.latest {
+                    self.advance(key, latest.sequence, latest.snapshot_id);
+                }
+            }
+            Err(e) => {
+                tracing::error!(asset = key, error = %e, "unreadable asset-state record skipped")
+            }
+        }
+    }
+
     /// Follows every partition of asset-state until `stop` (a blocking loop).
     pub fn follow(
         self: &Arc<Self>,
         config: ClientConfig,
         topic: &str,
-        wanted: &[AssetKey],
         codec: &BlockingCodec,
         stop: &AtomicBool,
     ) -> Result<(), sluice_kit::changelog::ChangelogError> {
-        let wanted: std::collections::HashSet<&str> = wanted.iter().map(AssetKey::as_str).collect();
         sluice_kit::changelog::follow(
             &config,
             topic,
@@ -210,21 +308,50 @@ impl Known {
                 let Some(key) = msg.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                     return;
                 };
-                let Some(payload) = msg.payload().filter(|_| wanted.contains(key)) else {
-                    return;
-                };
-                match codec.decode::<StateRecord>(SchemaName::AssetState, payload) {
-                    Ok(r) => {
-                        if let Some(latest) = r.latest {
-                            self.advance(key, latest.sequence, latest.snapshot_id);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(asset = key, error = %e, "unreadable asset-state record skipped")
-                    }
+                if let Some(payload) = msg.payload().filter(|_| self.wants(key)) {
+                    self.take(key, payload, codec);
                 }
             },
         )
+    }
+
+    /// Starts following `assets` (tables added while running): wanted from now on
+    /// by the live follower, and what the topic held for them before read once, from
+    /// their partitions only, so a new table resumes where the fold is.
+    pub fn catch_up(&self, at: &Positions, assets: &[String]) -> Result<(), String> {
+        self.wanted
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(assets.iter().cloned());
+        let codec = BlockingCodec::new(at.registry.as_deref()).map_err(|e| e.to_string())?;
+        let reader = sluice_kit::kafka::reader(&at.config).map_err(|e| e.to_string())?;
+        let md = reader
+            .fetch_metadata(Some(&at.topic), Duration::from_secs(30))
+            .map_err(|e| e.to_string())?;
+        let count = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
+        let partitions: std::collections::BTreeSet<i32> = assets
+            .iter()
+            .map(|a| sluice_kit::kafka::partition_for(a.as_bytes(), count))
+            .collect();
+        let new: std::collections::HashSet<&str> = assets.iter().map(String::as_str).collect();
+        sluice_kit::changelog::read_to_end(
+            &at.config,
+            &at.topic,
+            &partitions,
+            Duration::from_secs(120),
+            |msg| {
+                if let (Some(key), Some(payload)) = (
+                    msg.key().and_then(|k| std::str::from_utf8(k).ok()),
+                    msg.payload(),
+                ) && new.contains(key)
+                {
+                    self.take(key, payload, &codec);
+                }
+                Ok(())
+            },
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
     }
 
     pub fn caught_up(&self) -> bool {
@@ -302,39 +429,46 @@ struct Polled {
     last_poll: Option<Instant>,
 }
 
+impl Polled {
+    fn new(table: Table) -> Polled {
+        Polled {
+            tree: open_tree(&table.path),
+            catalog: table.catalog.as_ref().map(iceberg::Client::open),
+            table,
+            emitted_through: None,
+            emitted_schema: None,
+            emitted_expired: None,
+            last_chain: Vec::new(),
+            last_poll: None,
+        }
+    }
+}
+
 pub struct Poller {
-    pub tables: Vec<Table>,
+    /// `SLUICE_POLL_TABLES`, read at start.
+    pub bootstrap: Vec<Table>,
+    /// Tables declared through the API (the tables topic), applied live.
+    pub declared: Arc<SharedDeclared>,
     pub known: Arc<Known>,
+    pub positions: Arc<Positions>,
     pub sink: Sink,
 }
 
 impl Poller {
     pub async fn run(self, shutdown: Shutdown) -> Result<(), std::convert::Infallible> {
-        while !self.known.caught_up() {
+        while !(self.known.caught_up() && self.declared.caught_up()) {
             if shutdown.is_stopping() {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let mut tables: Vec<Polled> = self
-            .tables
-            .iter()
-            .map(|t| Polled {
-                table: t.clone(),
-                tree: open_tree(&t.path),
-                catalog: t.catalog.as_ref().map(iceberg::Client::open),
-                emitted_through: None,
-                emitted_schema: None,
-                emitted_expired: None,
-                last_chain: Vec::new(),
-                last_poll: None,
-            })
-            .collect();
-        tracing::info!(
-            tables = tables.len(),
-            "pollers started at the asset-state positions"
-        );
+        let mut tables: Vec<Polled> = Vec::new();
+        let mut generation = None;
         while !shutdown.is_stopping() {
+            let now = self.declared.generation();
+            if generation != Some(now) && self.apply_tables(&mut tables).await {
+                generation = Some(now);
+            }
             for p in &mut tables {
                 let state = self.known.get(p.table.asset.as_str());
                 let due = match p.last_poll {
@@ -356,6 +490,59 @@ impl Poller {
             }
         }
         Ok(())
+    }
+
+    /// Brings the polled set to the tables in force: a new table is polled at once
+    /// from the position the state holds for it; a changed one keeps what this
+    /// poller emitted and is polled at once; a removed one stops. False if a new
+    /// table's position could not be read (retried on the next turn).
+    async fn apply_tables(&self, tables: &mut Vec<Polled>) -> bool {
+        let want = tables_in_force(&self.bootstrap, &self.declared);
+        let new: Vec<String> = want
+            .iter()
+            .map(|t| t.asset.as_str().to_owned())
+            .filter(|a| !self.known.wants(a))
+            .collect();
+        if !new.is_empty() {
+            let (known, at, assets) = (self.known.clone(), self.positions.clone(), new.clone());
+            let read = tokio::task::spawn_blocking(move || known.catch_up(&at, &assets))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+            if let Err(e) = read {
+                tracing::warn!(tables = ?new, error = %e, "positions of new tables not read; retrying");
+                return false;
+            }
+        }
+        let mut before: HashMap<String, Polled> = tables
+            .drain(..)
+            .map(|p| (p.table.asset.as_str().to_owned(), p))
+            .collect();
+        for t in want {
+            let polled = match before.remove(t.asset.as_str()) {
+                Some(p) if p.table == t => p,
+                Some(p) => {
+                    tracing::info!(asset = %t.asset, "table changed; polled now");
+                    Polled {
+                        emitted_through: p.emitted_through,
+                        emitted_schema: p.emitted_schema,
+                        emitted_expired: p.emitted_expired,
+                        last_chain: p.last_chain,
+                        ..Polled::new(t)
+                    }
+                }
+                None => {
+                    tracing::info!(asset = %t.asset, format = %t.format, "table added; polled now");
+                    Polled::new(t)
+                }
+            };
+            tables.push(polled);
+        }
+        for gone in before.keys() {
+            tracing::info!(asset = %gone, "table no longer polled");
+        }
+        tracing::info!(tables = tables.len(), "polled tables in force");
+        true
     }
 
     async fn poll_one(&self, p: &mut Polled, held: Option<Held>) {
@@ -599,5 +786,78 @@ mod tests {
         )
         .expect_err("refused");
         assert_eq!(p.len(), 2, "{p:?}");
+    }
+
+    #[test]
+    fn a_declared_table_is_checked_without_the_ingesters_environment() {
+        assert_eq!(
+            check_declared(
+                r#"{"asset": "lake.ods.orders", "format": "delta", "path": "/lake/orders"}"#
+            ),
+            Ok("lake.ods.orders".to_owned())
+        );
+        // A REST token variable the API does not have is not its to check.
+        assert!(
+            check_declared(
+                r#"{"asset": "lake.ods.o", "format": "iceberg", "path": "/l/o",
+                    "catalog": {"kind": "rest", "uri": "http://cat", "table": "ods.o",
+                                "token_env": "SLUICE_TEST_SURELY_UNSET"}}"#
+            )
+            .is_ok()
+        );
+        let e = check_declared(
+            r#"{"asset": "lake.ods.o", "format": "iceberg", "path": "/l/o",
+                "catalog": {"kind": "sql", "uri": "postgresql://u:pw@db/cat", "name": "c", "table": "ods.o"}}"#,
+        )
+        .expect_err("a password in a declared table");
+        assert!(e[0].contains("holds no password"), "{e:?}");
+        let e =
+            check_declared(r#"{"asset": "lake.ods.o", "format": "delta"}"#).expect_err("no path");
+        assert!(e[0].contains("missing field `path`"), "{e:?}");
+    }
+
+    #[test]
+    fn declared_tables_replace_bootstrap_ones_and_a_tombstone_restores_them() {
+        let bootstrap =
+            parse_tables(r#"[{"asset": "lake.ods.a", "format": "delta", "path": "/boot"}]"#)
+                .expect("valid");
+        let declared = SharedDeclared::new();
+        let paths = |d: &SharedDeclared| {
+            tables_in_force(&bootstrap, d)
+                .into_iter()
+                .map(|t| (t.asset.as_str().to_owned(), t.path.display().to_string()))
+                .collect::<Vec<_>>()
+        };
+        declared.apply(
+            "lake.ods.a",
+            Some(Ok(
+                r#"{"asset": "lake.ods.a", "format": "delta", "path": "/declared"}"#.into(),
+            )),
+        );
+        declared.apply(
+            "lake.ods.b",
+            Some(Ok(
+                r#"{"asset": "lake.ods.b", "format": "paimon", "path": "/b"}"#.into(),
+            )),
+        );
+        // Under a key that is not its asset: left out, never guessed at.
+        declared.apply(
+            "lake.ods.c",
+            Some(Ok(
+                r#"{"asset": "lake.ods.z", "format": "paimon", "path": "/z"}"#.into(),
+            )),
+        );
+        assert_eq!(
+            paths(&declared),
+            [
+                ("lake.ods.a".to_owned(), "/declared".to_owned()),
+                ("lake.ods.b".to_owned(), "/b".to_owned())
+            ]
+        );
+        declared.apply("lake.ods.a", None);
+        assert_eq!(
+            paths(&declared)[0],
+            ("lake.ods.a".to_owned(), "/boot".to_owned())
+        );
     }
 }
