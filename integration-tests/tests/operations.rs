@@ -1185,3 +1185,174 @@ async fn a_table_declared_live_is_polled_from_the_position_the_state_holds() {
         assert!(actions.contains(&want), "{want} audited: {actions:?}");
     }
 }
+
+/// Pushes a commit of `asset` that carries a schema id.
+async fn push_schema(api: &Api, url: &str, asset: &str, seq: i64, schema_id: i64) {
+    let body = json!({"asset_key": asset, "format": "iceberg", "snapshot_id": seq, "sequence": seq,
+        "commit_time_ms": 1_764_633_600_000i64 + seq, "schema_id": schema_id});
+    let r = api
+        .client
+        .post(url)
+        .bearer_auth(sluice_integration_tests::pipeline::TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("ingester answers");
+    assert!(
+        r.status().is_success(),
+        "push {asset}@{seq}: {}",
+        r.status()
+    );
+}
+
+#[tokio::test]
+async fn an_acknowledged_schema_change_opens_schema_unchanged_once() {
+    let receiver = Receiver::default();
+    let port = receiver.serve().await;
+    let mut p = Pipeline::new(2, &[]).await;
+    p.set(
+        "dispatcher",
+        "SLUICE_TARGETS",
+        format!(r#"[{{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{port}/hook", "idempotent": true}}]"#),
+    );
+    let api = p.start_all_with_api(tokens_file(), OPERATOR).await;
+    let url = p.push_url();
+    let spec = json!({"id": "guarded", "version": 1, "owner_project": "gmv",
+        "target": {"kind": "webhook", "name": "guarded"},
+        "condition": {"input": {"asset": "lake.ods.s", "predicates": [
+            {"kind": "advanced", "include_compaction": false}, {"kind": "schema_unchanged"}]}}});
+    let (status, v) = api
+        .call("PUT", "/v1/dependencies/guarded", OPERATOR, Some(&spec))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let ack = |schema: Option<i64>| json!({"input": "lake.ods.s", "schema_id": schema, "reason": "adds a nullable column"});
+    let path = "/v1/dependencies/guarded/acknowledge-schema";
+
+    // The first commit fires (never triggered); a schema change shuts it.
+    push_schema(&api, &url, "lake.ods.s", 1, 1).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            receiver.count("/hook") == 1
+        })
+        .await
+    );
+    let (_, v) = api.call("POST", path, OPERATOR, Some(&ack(None))).await;
+    assert_eq!(v["changed"], false, "nothing is shut yet: {v}");
+    push_schema(&api, &url, "lake.ods.s", 2, 2).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            api.get("/v1/dependencies/guarded/explain")
+                .await
+                .to_string()
+                .contains("schema changed from 1 to 2")
+        })
+        .await,
+        "explain names the change"
+    );
+    still(&receiver, "/hook", 1, Duration::from_secs(2)).await;
+
+    // Refusals: a viewer; a schema the input no longer has; a body without a reason;
+    // an input without schema_unchanged. A dry run publishes nothing.
+    let (status, v) = api.call("POST", path, VIEWER, Some(&ack(Some(2)))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let (code, _, err) = sluice(
+        &api,
+        &[
+            "ack-schema",
+            "guarded",
+            "--input",
+            "lake.ods.s",
+            "--schema-id",
+            "1",
+            "--reason",
+            "x",
+        ],
+    );
+    assert_eq!(code, 1, "a schema the input moved on from: {err}");
+    assert!(err.contains("has schema 2 now, not 1"), "{err}");
+    let (status, v) = api
+        .call(
+            "POST",
+            path,
+            OPERATOR,
+            Some(&json!({"input": "lake.ods.s", "reason": " "})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let (status, v) = api
+        .call(
+            "POST",
+            path,
+            OPERATOR,
+            Some(&json!({"input": "lake.ods.t", "reason": "r"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (code, out, err) = sluice(
+        &api,
+        &[
+            "ack-schema",
+            "guarded",
+            "--input",
+            "lake.ods.s",
+            "--reason",
+            "r",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("would accept schema 2"), "{out}");
+    still(&receiver, "/hook", 1, Duration::from_secs(2)).await;
+
+    // Acknowledged: the newest commit fires, once.
+    let (code, out, err) = sluice(
+        &api,
+        &[
+            "ack-schema",
+            "guarded",
+            "--input",
+            "lake.ods.s",
+            "--schema-id",
+            "2",
+            "--reason",
+            "adds a nullable column",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("accepts schema 2 of lake.ods.s"), "{out}");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            receiver.count("/hook") == 2
+        })
+        .await
+    );
+    let key = receiver.keys("/hook")[1].clone();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            api.run_status(&key).await == "SUCCEEDED"
+        })
+        .await
+    );
+    let run = api.get(&format!("/v1/runs/{key}")).await;
+    assert_eq!(run["inputs"][0]["sequence"], 2, "the newest commit: {run}");
+    let (_, v) = api.call("POST", path, OPERATOR, Some(&ack(Some(2)))).await;
+    assert_eq!(v["changed"], false, "taken: nothing is shut: {v}");
+
+    // Taken once: a restart re-applies nothing, the same schema flows, the next
+    // change shuts it again.
+    p.kill_and_restart("resolver").await;
+    push_schema(&api, &url, "lake.ods.s", 3, 2).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            receiver.count("/hook") == 3
+        })
+        .await
+    );
+    push_schema(&api, &url, "lake.ods.s", 4, 3).await;
+    still(&receiver, "/hook", 3, Duration::from_secs(4)).await;
+
+    let (_, audit) = api.call("GET", "/v1/audit?limit=50", ADMIN, None).await;
+    let audit = audit.to_string();
+    assert!(audit.contains("dependency.acknowledge_schema"), "{audit}");
+    assert!(audit.contains("adds a nullable column"), "{audit}");
+}

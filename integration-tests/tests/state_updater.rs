@@ -124,13 +124,17 @@ impl Run {
     }
 
     fn spawn(&self, instance: &str) -> Child {
+        self.spawn_batched(instance, 200)
+    }
+
+    fn spawn_batched(&self, instance: &str, batch: usize) -> Child {
         Command::new(service_binary("sluice-state-updater"))
             .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
             .env("SLUICE_TOPIC_PREFIX", &self.names.prefix)
             .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
             .env("SLUICE_INSTANCE", instance)
             .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{}", free_port()))
-            .env("SLUICE_BATCH_MAX_RECORDS", "200")
+            .env("SLUICE_BATCH_MAX_RECORDS", batch.to_string())
             .env("SLUICE_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -241,27 +245,41 @@ async fn exactly_once_fold_under_repeated_kill_9() {
     run.produce(early, 3).await;
     let mut produced = early.len() as i64 + 3;
     let mut kills = 0;
+    let mut seen = 0;
     for round in 0..6 {
         if round == 3 {
             // New events for assets whose states must be restored after the kills.
             run.produce(late, 0).await;
             produced += late.len() as i64;
         }
+        // Small transactions: a run of 10,000 events takes hundreds of commits, so
+        // a kill after a few lands mid-run however fast the machine is. Started
+        // before the count is read: it fences the killed one's open transaction,
+        // which would otherwise hold the count until the transaction times out.
+        let mut child = run.spawn_batched("0", 20);
         let before = run.committed();
         if before >= produced {
+            kill9(&mut child);
             break;
         }
-        let mut child = run.spawn("0");
-        // Kill -9 as soon as this incarnation has committed something: mid-run, with
-        // a batch in flight and states in memory that must come back from asset-state.
+        // Kill -9 once this incarnation has committed ten more transactions:
+        // mid-run, with a batch in flight and states in memory that must come back
+        // from asset-state.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while run.committed() <= before && Instant::now() < deadline {
+        let cut = before + 200;
+        loop {
+            seen = run.committed();
+            if seen > cut || Instant::now() > deadline {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         kill9(&mut child);
         kills += 1;
     }
-    let committed_before_final = run.committed();
+    // What the last kill cut short (read before it: reading now would wait for its
+    // open transaction to time out).
+    let committed_before_final = seen;
     assert!(kills >= 4, "only {kills} kills happened");
     assert!(
         committed_before_final < produced,

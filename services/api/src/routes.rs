@@ -52,6 +52,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/dependencies/{id}/pause"),
     ("post", "/v1/dependencies/{id}/resume"),
     ("post", "/v1/dependencies/{id}/runs"),
+    ("post", "/v1/dependencies/{id}/acknowledge-schema"),
     ("post", "/v1/runs/{trigger_key}/rerun"),
     ("post", "/v1/runs/{trigger_key}/settle"),
     ("post", "/v1/dependencies/{id}/backfills"),
@@ -127,6 +128,10 @@ pub fn router(app: App) -> Router {
             post(actions::resume_dependency),
         )
         .route("/v1/dependencies/{id}/runs", post(actions::run_dependency))
+        .route(
+            "/v1/dependencies/{id}/acknowledge-schema",
+            post(actions::acknowledge_schema),
+        )
         .route("/v1/runs/{trigger_key}/rerun", post(actions::rerun))
         .route("/v1/runs/{trigger_key}/settle", post(actions::settle))
         .route(

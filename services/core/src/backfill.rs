@@ -300,6 +300,7 @@ mod tests {
             coalescing: Coalescing::default(),
             produces: None,
             paused: false,
+            schema_acknowledged: Default::default(),
         }
     }
 

@@ -419,6 +419,18 @@ impl Condition {
         out
     }
 
+    /// Whether `asset` is an input with `schema_unchanged`: the inputs a schema
+    /// change is acknowledged for.
+    pub fn watches_schema(&self, asset: &AssetKey) -> bool {
+        let mut found = false;
+        self.walk(&mut |c| {
+            if let Condition::Input(i) = c {
+                found |= &i.asset == asset && i.predicates.contains(&Predicate::SchemaUnchanged);
+            }
+        });
+        found
+    }
+
     fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Condition)) {
         f(self);
         if let Condition::All(cs) | Condition::Any(cs) = self {

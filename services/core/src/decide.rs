@@ -100,6 +100,15 @@ pub fn step<'s>(
         progress.pending_since_ms = None;
         progress.fire_at_ms = None;
         out.progress_changed = true;
+        // Once per version: a later version that still carries the acknowledgement
+        // takes it again only while the input's schema is the one acknowledged.
+        for (asset, schema_id) in &spec.schema_acknowledged {
+            if let Some(state) = states(asset)
+                && state.schema.map(|(_, id)| id) == Some(*schema_id)
+            {
+                progress.acknowledge_schema(asset, state);
+            }
+        }
     }
     match spec.mode {
         Mode::Snapshots => snapshots(spec, progress, states, now_ms, cause, &mut out),
@@ -407,6 +416,7 @@ mod tests {
             coalescing: Coalescing::default(),
             produces: None,
             paused: false,
+            schema_acknowledged: Default::default(),
         }
     }
 
@@ -670,6 +680,47 @@ mod tests {
             "acknowledged: the newest commit fires"
         );
         assert!(!p.acknowledge_schema(&k("l.o.b"), &state), "not an input");
+    }
+
+    #[test]
+    fn a_version_acknowledging_the_current_schema_opens_once_and_a_stale_one_does_not() {
+        let mut s = spec(leaf("l.o.a", vec![Predicate::SchemaUnchanged]));
+        let mut w = World::default();
+        let mut p = Progress::default();
+        let with_schema = |w: &mut World, seq: i64, schema: i64| {
+            w.data("l.o.a", seq);
+            let key = k("l.o.a");
+            let mut e = AssetEvent::new(
+                key.clone(),
+                TableFormat::Iceberg,
+                crate::EventKind::SchemaChanged,
+                seq * 10,
+                seq,
+                seq * 1000,
+                EventSource::Poll,
+            );
+            e.schema_id = Some(schema);
+            w.0.get_mut(&key).expect("state").apply(&e);
+        };
+        with_schema(&mut w, 1, 0);
+        assert_eq!(w.step(&s, &mut p, 0, Cause::Change).fires.len(), 1);
+        with_schema(&mut w, 2, 1);
+        assert!(w.step(&s, &mut p, 0, Cause::Change).fires.is_empty());
+
+        // A version acknowledging a schema the input no longer has changes nothing.
+        s.version = 2;
+        s.schema_acknowledged = BTreeMap::from([(k("l.o.a"), 0)]);
+        assert!(w.step(&s, &mut p, 0, Cause::Change).fires.is_empty());
+
+        // One acknowledging the current schema opens it: the newest commit fires once.
+        s.version = 3;
+        s.schema_acknowledged = BTreeMap::from([(k("l.o.a"), 1)]);
+        assert_eq!(w.step(&s, &mut p, 0, Cause::Change).fires.len(), 1);
+        assert!(w.step(&s, &mut p, 0, Cause::Change).fires.is_empty());
+
+        // The next change shuts it again: the acknowledgement was taken once.
+        with_schema(&mut w, 3, 2);
+        assert!(w.step(&s, &mut p, 0, Cause::Change).fires.is_empty());
     }
 
     #[test]

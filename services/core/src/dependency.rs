@@ -40,6 +40,11 @@ pub struct DependencySpec {
     /// combination (its baselines did not move while paused).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// The schema an operator accepted for an input's `schema_unchanged`: taken by
+    /// the resolver once, on this version's first evaluation, and only if the
+    /// input's schema is still that one (a schema that moved again stays shut).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub schema_acknowledged: BTreeMap<AssetKey, i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +187,15 @@ impl DependencySpec {
                 id: self.id.clone(),
                 source,
             })?;
+        if let Some(a) = self
+            .schema_acknowledged
+            .keys()
+            .find(|a| !self.condition.watches_schema(a))
+        {
+            return Err(bad(format!(
+                "schema_acknowledged names {a}, which is not an input with schema_unchanged"
+            )));
+        }
         if let Some(p) = &self.produces
             && self.condition.inputs().contains(p)
         {
@@ -341,6 +355,20 @@ mod tests {
             err(&GOOD.replace("lake.dwd.trade", "lake.ods.order"))
                 .contains("cycle through produced assets: lake.ods.order → lake.ods.order")
         );
+        let ack = |asset: &str| {
+            GOOD.replace(
+                "\"produces\"",
+                &format!("\"schema_acknowledged\": {{\"{asset}\": 2}}, \"produces\""),
+            )
+        };
+        assert!(err(&ack("lake.ods.payment")).contains(
+            "schema_acknowledged names lake.ods.payment, which is not an input with schema_unchanged"
+        ));
+        let watched = ack("lake.ods.payment").replace(
+            r#"{"kind": "quality_passed"}"#,
+            r#"{"kind": "schema_unchanged"}"#,
+        );
+        assert!(DependencySpec::from_json(&watched).is_ok(), "{watched}");
         let extra = r#"{"kind": "fresh_within", "max_age_ms": 5, "x": 1}"#;
         assert!(
             err(&GOOD.replace(r#"{"kind": "quality_passed"}"#, extra))

@@ -459,6 +459,7 @@ mod tests {
                     },
                     produces: None,
                     paused: false,
+                    schema_acknowledged: Default::default(),
                 }
             })
     }

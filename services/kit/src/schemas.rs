@@ -74,9 +74,10 @@ impl SchemaName {
     /// enum symbols.
     pub fn history(self) -> &'static [&'static str] {
         match self {
-            SchemaName::DependencySpec => &[include_str!(
-                "../../../schemas/history/dependency-spec.1.avsc"
-            )],
+            SchemaName::DependencySpec => &[
+                include_str!("../../../schemas/history/dependency-spec.1.avsc"),
+                include_str!("../../../schemas/history/dependency-spec.2.avsc"),
+            ],
             SchemaName::TriggerRequest => &[
                 include_str!("../../../schemas/history/trigger-request.1.avsc"),
                 include_str!("../../../schemas/history/trigger-request.2.avsc"),

@@ -332,6 +332,7 @@ fn a_record_written_under_an_earlier_schema_is_read_with_the_new_defaults() {
         )
         .expect("an earlier spec decodes");
     assert!(!spec.paused);
+    assert!(spec.schema_acknowledged.is_empty());
     let t: TriggerRecord = c
         .decode(
             SchemaName::TriggerRequest,

@@ -287,6 +287,41 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             }
             Ok(())
         }
+        Command::AckSchema {
+            dependency,
+            input,
+            schema_id,
+            reason,
+            dry_run,
+        } => {
+            let dry = dry_run.then(|| "true".to_owned());
+            let (_, v) = client
+                .call(
+                    "POST",
+                    &format!(
+                        "{}{}",
+                        path(&["v1", "dependencies", &dependency, "acknowledge-schema"]),
+                        query(&[("dry_run", &dry)])
+                    ),
+                    Some(&json!({"input": input, "schema_id": schema_id, "reason": reason})),
+                )
+                .await?;
+            if !output::structured(format, &v) {
+                let schema = &v["schema_id"];
+                if v["changed"] == json!(true) {
+                    let how = if dry_run { "would accept" } else { "accepts" };
+                    println!(
+                        "dependency/{dependency} {how} schema {schema} of {input} (version {})",
+                        v["version"]
+                    );
+                } else {
+                    println!(
+                        "dependency/{dependency}: schema {schema} of {input} shuts nothing (it is the schema at the last trigger, or it never triggered)"
+                    );
+                }
+            }
+            Ok(())
+        }
         Command::Backfill(args) => backfill(client, args, format).await,
         Command::Cancel {
             backfill_id,

@@ -140,6 +140,24 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Accept an input's new schema for a dependency whose `schema_unchanged` it
+    /// shut: it fires for the newest combination if the rest of its condition holds.
+    #[command(name = "ack-schema", visible_alias = "acknowledge-schema")]
+    AckSchema {
+        dependency: String,
+        /// The input asset whose schema changed.
+        #[arg(long)]
+        input: String,
+        /// The schema id you looked at (refused if the input has moved on since;
+        /// default: its current one).
+        #[arg(long)]
+        schema_id: Option<i64>,
+        /// Why the new schema is fine for the target (required; audited).
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Re-run a dependency over past partitions, windows or an input's snapshots:
     /// one run per item, paced behind live triggers. Give one range.
     Backfill(commands::BackfillArgs),

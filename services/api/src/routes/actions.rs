@@ -173,6 +173,117 @@ async fn set_paused(
     ok(json!({"id": id, "paused": paused, "changed": true, "version": next.version}))
 }
 
+/// An operator's acceptance of an input's new schema.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcknowledgeBody {
+    /// The input asset whose `schema_unchanged` is shut by a schema change.
+    input: String,
+    /// The schema id the operator looked at; refused if the input has moved on
+    /// since (default: whatever it has now).
+    schema_id: Option<i64>,
+    /// Why the new schema is fine for the target; required and audited.
+    reason: String,
+}
+
+/// Acknowledges a schema change: a new version of the spec carrying the accepted
+/// schema id, which the resolver takes once on that version's first evaluation (a
+/// change of the declared state, like pause, so every resolver sees it and a
+/// restart keeps it). The dependency then fires for the newest combination if the
+/// rest of its condition holds.
+pub(super) async fn acknowledge_schema(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    let p = app.principal(&headers).await?;
+    app.ready()?;
+    let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
+    let current = spec_for(&app, &p, &id, Role::Operator)?;
+    check_if_match(&headers, Some(&current))?;
+    let b: AcknowledgeBody = serde_json::from_slice(&body).map_err(|e| {
+        bad(format!(
+            "the body: {e} (expected {{\"input\": \"asset key\", \"schema_id\": 7, \"reason\": \"...\"}})"
+        ))
+    })?;
+    if b.reason.trim().is_empty() {
+        return Err(bad(
+            "a reason is required: why the new schema is fine for the target",
+        ));
+    }
+    let input = AssetKey::parse(&b.input).map_err(|e| bad(format!("input: {e}")))?;
+    if !current.condition.watches_schema(&input) {
+        return Err(err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            format!(
+                "{id:?} has no input {input} with schema_unchanged: there is no schema to acknowledge"
+            ),
+        ));
+    }
+    let (now, then) = {
+        let t = app.view.read();
+        let now = t
+            .assets
+            .get(&input)
+            .and_then(|(s, _)| s.schema.map(|(_, id)| id));
+        let then = t
+            .progress
+            .get(&id)
+            .and_then(|p| p.baselines.get(&input))
+            .and_then(|b| b.schema_id);
+        (now, then)
+    };
+    let Some(now) = now else {
+        return Err(err(
+            StatusCode::CONFLICT,
+            "no_schema",
+            format!("{input} has reported no schema yet: there is nothing to acknowledge"),
+        ));
+    };
+    if let Some(looked_at) = b.schema_id
+        && looked_at != now
+    {
+        return Err(err(
+            StatusCode::CONFLICT,
+            "schema_moved",
+            format!(
+                "{input} has schema {now} now, not {looked_at}: look at it and acknowledge that one"
+            ),
+        ));
+    }
+    let answer = |changed: bool, version: i64| {
+        json!({"id": id, "input": input.as_str(), "schema_id": now, "at_last_trigger": then,
+               "changed": changed, "version": version, "dry_run": dry_run})
+    };
+    // Never triggered (no baseline) or already the baseline: nothing is shut.
+    if then.is_none_or(|then| then == now) {
+        return ok(answer(false, current.version));
+    }
+    let mut next = current.clone();
+    next.schema_acknowledged.insert(input.clone(), now);
+    next.version += 1;
+    if dry_run {
+        return ok(answer(true, next.version));
+    }
+    app.publish_spec(&id, Some(&next)).await?;
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: "dependency.acknowledge_schema",
+            resource: &format!("dependencies/{id}"),
+            project: &next.owner_project,
+            before: Some(json!({"input": input.as_str(), "schema_id": then, "version": current.version})),
+            after: Some(json!({"input": input.as_str(), "schema_id": now, "version": next.version, "reason": b.reason})),
+        },
+    )
+    .await?;
+    ok(answer(true, next.version))
+}
+
 /// The inputs' current snapshots (the newest data commit of each, else its
 /// newest commit) and the newest of their commit times.
 pub(super) fn current_inputs(app: &App, spec: &DependencySpec) -> (Vec<TriggerInput>, Option<i64>) {

@@ -25,6 +25,7 @@ pub struct WireSpec {
     pub mode: WireMode,
     pub window_ms: i64,
     pub paused: bool,
+    pub schema_acknowledged: BTreeMap<String, i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,6 +106,11 @@ impl From<&DependencySpec> for WireSpec {
             mode,
             window_ms,
             paused: s.paused,
+            schema_acknowledged: s
+                .schema_acknowledged
+                .iter()
+                .map(|(a, id)| (a.as_str().to_owned(), *id))
+                .collect(),
         }
     }
 }
@@ -188,6 +194,15 @@ impl WireSpec {
             .transpose()
             .map_err(|e| field(format!("produces: {e}")))?;
         let condition = node_from_wire(&w.id, "$", &w.condition)?;
+        let schema_acknowledged = w
+            .schema_acknowledged
+            .iter()
+            .map(|(a, id)| {
+                AssetKey::parse(a)
+                    .map(|a| (a, *id))
+                    .map_err(|e| field(format!("schema_acknowledged: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
         let spec = DependencySpec {
             id: w.id.clone(),
             version: w.version,
@@ -205,6 +220,7 @@ impl WireSpec {
             },
             produces,
             paused: w.paused,
+            schema_acknowledged,
         };
         spec.validate()?;
         Ok(spec)
