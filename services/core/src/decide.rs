@@ -424,6 +424,23 @@ mod tests {
     struct World(BTreeMap<AssetKey, AssetState>);
 
     impl World {
+        /// A data commit at `seq`, then a schema change to `schema` at the same sequence.
+        fn schema(&mut self, a: &str, seq: i64, schema: i64) {
+            self.data(a, seq);
+            let key = k(a);
+            let mut e = AssetEvent::new(
+                key.clone(),
+                TableFormat::Iceberg,
+                crate::EventKind::SchemaChanged,
+                seq * 10,
+                seq,
+                seq * 1000,
+                EventSource::Poll,
+            );
+            e.schema_id = Some(schema);
+            self.0.get_mut(&key).expect("state").apply(&e);
+        }
+
         fn commit(&mut self, a: &str, seq: i64, part: &str, watermark: Option<i64>, op: Operation) {
             let key = k(a);
             let s = self
@@ -647,21 +664,7 @@ mod tests {
         let s = spec(leaf("l.o.a", vec![Predicate::SchemaUnchanged]));
         let mut w = World::default();
         let mut p = Progress::default();
-        let with_schema = |w: &mut World, seq: i64, schema: i64| {
-            w.data("l.o.a", seq);
-            let key = k("l.o.a");
-            let mut e = AssetEvent::new(
-                key.clone(),
-                TableFormat::Iceberg,
-                crate::EventKind::SchemaChanged,
-                seq * 10,
-                seq,
-                seq * 1000,
-                EventSource::Poll,
-            );
-            e.schema_id = Some(schema);
-            w.0.get_mut(&key).expect("state").apply(&e);
-        };
+        let with_schema = |w: &mut World, seq: i64, schema: i64| w.schema("l.o.a", seq, schema);
         with_schema(&mut w, 1, 0);
         assert_eq!(w.step(&s, &mut p, 0, Cause::Change).fires.len(), 1);
         with_schema(&mut w, 2, 1); // the schema changed
@@ -687,21 +690,7 @@ mod tests {
         let mut s = spec(leaf("l.o.a", vec![Predicate::SchemaUnchanged]));
         let mut w = World::default();
         let mut p = Progress::default();
-        let with_schema = |w: &mut World, seq: i64, schema: i64| {
-            w.data("l.o.a", seq);
-            let key = k("l.o.a");
-            let mut e = AssetEvent::new(
-                key.clone(),
-                TableFormat::Iceberg,
-                crate::EventKind::SchemaChanged,
-                seq * 10,
-                seq,
-                seq * 1000,
-                EventSource::Poll,
-            );
-            e.schema_id = Some(schema);
-            w.0.get_mut(&key).expect("state").apply(&e);
-        };
+        let with_schema = |w: &mut World, seq: i64, schema: i64| w.schema("l.o.a", seq, schema);
         with_schema(&mut w, 1, 0);
         assert_eq!(w.step(&s, &mut p, 0, Cause::Change).fires.len(), 1);
         with_schema(&mut w, 2, 1);
