@@ -86,10 +86,17 @@ pub fn tokens_file(entries: &[(&str, &str, Value)]) -> String {
 pub async fn push(client: &reqwest::Client, url: &str, asset: &str, seq: i64) {
     let body = serde_json::json!({"asset_key": asset, "format": "paimon", "snapshot_id": seq, "sequence": seq,
         "commit_time_ms": 1_764_633_600_000i64 + seq, "operation": "append", "partitions": ["dt=2026-12-04"]});
+    push_notice(client, url, &body).await;
+}
+
+/// Pushes one commit notice as given (the ingester's push body).
+pub async fn push_notice(client: &reqwest::Client, url: &str, body: &serde_json::Value) {
+    let asset = body["asset_key"].as_str().unwrap_or_default();
+    let seq = &body["sequence"];
     let r = client
         .post(url)
         .bearer_auth(crate::pipeline::TOKEN)
-        .json(&body)
+        .json(body)
         .send()
         .await
         .expect("ingester answers");

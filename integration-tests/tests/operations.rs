@@ -1190,19 +1190,7 @@ async fn a_table_declared_live_is_polled_from_the_position_the_state_holds() {
 async fn push_schema(api: &Api, url: &str, asset: &str, seq: i64, schema_id: i64) {
     let body = json!({"asset_key": asset, "format": "iceberg", "snapshot_id": seq, "sequence": seq,
         "commit_time_ms": 1_764_633_600_000i64 + seq, "schema_id": schema_id});
-    let r = api
-        .client
-        .post(url)
-        .bearer_auth(sluice_integration_tests::pipeline::TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("ingester answers");
-    assert!(
-        r.status().is_success(),
-        "push {asset}@{seq}: {}",
-        r.status()
-    );
+    sluice_integration_tests::api::push_notice(&api.client, url, &body).await;
 }
 
 #[tokio::test]
