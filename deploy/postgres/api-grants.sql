@@ -12,3 +12,10 @@ GRANT UPDATE (cancelled_at, cancelled_by) ON backfills TO sluice_api;
 -- so the API needs no grant on job_transitions or run_transitions.
 GRANT UPDATE (status, revision, reason, next_attempt_at, lease_owner, lease_until, updated_at)
     ON jobs TO sluice_api;
+-- Notifications: the API finds freshness breaches, dead letters and finished
+-- backfills, matches events to rules and delivers them.
+GRANT SELECT, INSERT ON notification_events TO sluice_api;
+GRANT UPDATE (routed_at) ON notification_events TO sluice_api;
+GRANT SELECT, INSERT ON notification_deliveries TO sluice_api;
+GRANT UPDATE (status, attempts, next_attempt_at, last_error, finished_at)
+    ON notification_deliveries TO sluice_api;

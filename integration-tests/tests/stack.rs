@@ -176,6 +176,7 @@ async fn bootstrap_creates_compacted_topics_compacted_and_is_idempotent() {
             "asset-state",
             "dependencies",
             "grants",
+            "notifications",
             "resolver-progress",
             "runs",
             "tables",

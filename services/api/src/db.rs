@@ -327,3 +327,55 @@ fn progress(mut b: Value) -> Value {
     }
     b
 }
+
+/// Notification deliveries, newest first: each with its event (`rules`: only
+/// these rules' ones; `None`, all).
+pub async fn deliveries(
+    pool: &PgPool,
+    status: Option<&str>,
+    rules: Option<&[String]>,
+    offset: i64,
+    limit: i64,
+) -> Result<Value, sqlx::Error> {
+    let text: Option<String> = sqlx::query_scalar(
+        "SELECT json_agg(x)::text FROM (
+             SELECT d.delivery_key, d.rule, d.status, d.attempts, d.last_error,
+                    (extract(epoch FROM d.created_at) * 1000)::bigint AS created_ms,
+                    (extract(epoch FROM d.next_attempt_at) * 1000)::bigint AS next_attempt_ms,
+                    (extract(epoch FROM d.finished_at) * 1000)::bigint AS finished_ms,
+                    e.event_key, e.kind AS event, e.dependency_id, e.asset_key AS asset,
+                    e.trigger_key, e.backfill_id, e.detail
+             FROM notification_deliveries d JOIN notification_events e USING (event_key)
+             WHERE ($1::text IS NULL OR d.status = $1)
+               AND ($2::text[] IS NULL OR d.rule = ANY($2))
+             ORDER BY d.created_at DESC, d.delivery_key LIMIT $4 OFFSET $3) x",
+    )
+    .bind(status)
+    .bind(rules)
+    .bind(offset)
+    .bind(limit)
+    .fetch_one(pool)
+    .await?;
+    Ok(parse(text)?.as_array().cloned().unwrap_or_default().into())
+}
+
+/// Sends a DEAD delivery again from its first attempt; false when it is not DEAD.
+pub async fn retry_delivery(pool: &PgPool, key: &str) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE notification_deliveries
+         SET status = 'PENDING', attempts = 0, next_attempt_at = clock_timestamp(), finished_at = NULL
+         WHERE delivery_key = $1 AND status = 'DEAD'",
+    )
+    .bind(key)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The rule a delivery belongs to.
+pub async fn delivery_rule(pool: &PgPool, key: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT rule FROM notification_deliveries WHERE delivery_key = $1")
+        .bind(key)
+        .fetch_optional(pool)
+        .await
+}

@@ -8,11 +8,15 @@
 //! * [`jwt`] — principals from the identity provider's JWTs (JWKS).
 //! * [`routes`] — the HTTP API (`services/api/openapi.json` documents it).
 //! * [`commits`] — an asset's recent commits, read from the evidence log.
+//! * [`notify`] — notification rules and their bodies; [`notifier`] finds the
+//!   events, routes and delivers them (PostgreSQL claims make N instances one).
 
 pub mod auth;
 pub mod commits;
 pub mod db;
 pub mod jwt;
+pub mod notifier;
+pub mod notify;
 pub mod routes;
 pub mod view;
 
@@ -40,6 +44,8 @@ pub const TOPICS: &[Topic] = &[
     Topic::Triggers,
     Topic::Targets,
     Topic::Tables,
+    Topic::Notifications,
+    Topic::DeadLetter,
 ];
 
 #[derive(Clone, Debug)]
@@ -56,6 +62,12 @@ pub struct Options {
     pub max_page: usize,
     /// `SLUICE_GRANTS`: set it as the resolvers have it.
     pub grants: GrantsMode,
+    /// `SLUICE_API_NOTIFY` (on by default): run the notifier in this instance.
+    pub notify: bool,
+    /// `SLUICE_API_NOTIFY_INTERVAL_MS`: how often the notifier looks for work.
+    pub notify_interval: Duration,
+    /// `SLUICE_API_NOTIFY_DEAD_LETTER_MAX_AGE_S`: older dead letters are not notified.
+    pub dead_letter_max_age: Duration,
 }
 
 impl Options {
@@ -92,6 +104,13 @@ impl Options {
         if max_page == 0 {
             env.problem("SLUICE_API_MAX_PAGE must be at least 1");
         }
+        let notify = env.parse("SLUICE_API_NOTIFY", true);
+        let notify_interval = Duration::from_millis(env.parse("SLUICE_API_NOTIFY_INTERVAL_MS", 1_000u64));
+        if notify_interval.is_zero() {
+            env.problem("SLUICE_API_NOTIFY_INTERVAL_MS must be at least 1");
+        }
+        let dead_letter_max_age =
+            Duration::from_secs(env.parse("SLUICE_API_NOTIFY_DEAD_LETTER_MAX_AGE_S", 3_600u64));
         env.finish(Options {
             common,
             listen,
@@ -100,6 +119,9 @@ impl Options {
             jwt,
             max_page,
             grants,
+            notify,
+            notify_interval,
+            dead_letter_max_age,
         })
     }
 }
@@ -169,6 +191,14 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         shutdown.flag(),
         c.kafka.request_timeout,
     ));
+    let notifications = sluice_kit::declared::SharedDeclared::new();
+    followers.push(notifications.spawn_follower(
+        c.kafka.reader_config(&format!("{client_id}-notifications")),
+        c.topics.name(Topic::Notifications),
+        BlockingCodec::new(registry)?,
+        shutdown.flag(),
+        c.kafka.request_timeout,
+    ));
     let view = view::View::with_grants(grants, options.grants == GrantsMode::Enforce);
     for (what, topic) in [
         (view::Followed::AssetState, Topic::AssetState),
@@ -195,7 +225,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         view: view.clone(),
         tokens,
         idp,
-        pool,
+        pool: pool.clone(),
         producer: Arc::new(c.kafka.producer_config(&client_id).create()?),
         codec: Arc::new(Codec::new(c.schema_registry_url.as_deref())),
         dependencies_topic: c.topics.name(Topic::Dependencies),
@@ -204,6 +234,8 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         targets_topic: c.topics.name(Topic::Targets),
         tables: tables.clone(),
         tables_topic: c.topics.name(Topic::Tables),
+        notifications: notifications.clone(),
+        notifications_topic: c.topics.name(Topic::Notifications),
         triggers_topic: c.topics.name(Topic::Triggers),
         commits: Arc::new(commits::Commits {
             config: c.kafka.reader_config(&format!("{client_id}-commits")),
@@ -229,21 +261,51 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let health = started.health.clone();
     let watch = view.clone();
     let stop = shutdown.clone();
+    let rules = notifications.clone();
     let readiness = tokio::spawn(async move {
         while !stop.is_stopping() {
             health.beat();
             let failure = watch
                 .failure()
                 .or_else(|| targets.failure())
-                .or_else(|| tables.failure());
+                .or_else(|| tables.failure())
+                .or_else(|| rules.failure());
             if let Some(e) = failure {
                 return Err(Error::Follower(e));
             }
-            health.set_ready(watch.ready() && targets.caught_up() && tables.caught_up());
+            health.set_ready(
+                watch.ready()
+                    && targets.caught_up()
+                    && tables.caught_up()
+                    && rules.caught_up(),
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
     });
+    let mut background = Vec::new();
+    if options.notify {
+        let notifier = Arc::new(notifier::Notifier {
+            pool,
+            view: view.clone(),
+            rules: notifications.clone(),
+            http: reqwest::Client::new(),
+            interval: options.notify_interval,
+            dead_letter_max_age: options.dead_letter_max_age,
+        });
+        let (n, stop) = (notifier.clone(), shutdown.clone());
+        background.push(tokio::spawn(async move { n.run(stop).await }));
+        let config = c.kafka.consumer_config(
+            &format!("{client_id}-notifier"),
+            &format!("{}notifier", c.topics.prefix),
+        );
+        let (topic, stop) = (c.topics.name(Topic::DeadLetter), shutdown.clone());
+        background.push(tokio::spawn(async move {
+            if let Err(e) = notifier.follow_dead_letters(config, topic, stop).await {
+                tracing::error!(error = %e, "the notifier cannot read dead letters");
+            }
+        }));
+    }
     tracing::info!(service = SERVICE, listen = %bound, admin = %started.admin_addr, "serving");
     let serve = axum::serve(listener, routes::router(app))
         .with_graceful_shutdown(shutdown.clone().wait_stopped());
@@ -257,6 +319,9 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     started.health.set_stopping();
     shutdown.trigger();
     let _ = started.admin_task.await;
+    for b in background {
+        let _ = b.await;
+    }
     for f in followers {
         let _ = tokio::task::spawn_blocking(move || f.join()).await;
     }

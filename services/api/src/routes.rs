@@ -77,6 +77,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/tables/{asset}"),
     ("put", "/v1/tables/{asset}"),
     ("delete", "/v1/tables/{asset}"),
+    ("get", "/v1/notifications"),
+    ("get", "/v1/notifications/{name}"),
+    ("put", "/v1/notifications/{name}"),
+    ("delete", "/v1/notifications/{name}"),
+    ("get", "/v1/notification-deliveries"),
+    ("post", "/v1/notification-deliveries/{key}/retry"),
 ];
 
 #[derive(Clone)]
@@ -97,6 +103,9 @@ pub struct App {
     /// Declared tables, followed whole from `tables_topic`.
     pub tables: Arc<sluice_kit::declared::SharedDeclared>,
     pub tables_topic: String,
+    /// Declared notification rules, followed whole from `notifications_topic`.
+    pub notifications: Arc<sluice_kit::declared::SharedDeclared>,
+    pub notifications_topic: String,
     /// Where manual runs and re-runs go, for the dispatcher to record once.
     pub triggers_topic: String,
     pub commits: Arc<Commits>,
@@ -172,6 +181,21 @@ pub fn router(app: App) -> Router {
             get(declared::get_table)
                 .put(declared::put_table)
                 .delete(declared::delete_table),
+        )
+        .route("/v1/notifications", get(declared::list_notifications))
+        .route(
+            "/v1/notifications/{name}",
+            get(declared::get_notification)
+                .put(declared::put_notification)
+                .delete(declared::delete_notification),
+        )
+        .route(
+            "/v1/notification-deliveries",
+            get(declared::list_deliveries),
+        )
+        .route(
+            "/v1/notification-deliveries/{key}/retry",
+            post(declared::retry_delivery),
         )
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)

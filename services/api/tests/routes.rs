@@ -116,6 +116,13 @@ fn app_with(view: Arc<View>) -> App {
         targets_topic: "targets".into(),
         tables,
         tables_topic: "tables".into(),
+        notifications: {
+            let n = sluice_kit::declared::SharedDeclared::new();
+            n.apply("hooks", Some(Ok(GMV_RULE.into())));
+            n.mark_caught_up();
+            n
+        },
+        notifications_topic: "notifications".into(),
         triggers_topic: "triggers".into(),
         commits: Arc::new(Commits {
             config: kafka.clone(),
@@ -127,6 +134,9 @@ fn app_with(view: Arc<View>) -> App {
         max_page: 500,
     }
 }
+
+/// A notification rule of project gmv, declared in the fixture.
+const GMV_RULE: &str = r#"{"name": "hooks", "project": "gmv", "on": ["run_failed"], "webhook": {"url": "http://hooks.local/"}}"#;
 
 fn uuid() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -245,6 +255,7 @@ async fn every_route_refuses_without_a_token_and_forbids_without_the_role() {
     let body = serde_json::to_string(&spec("gmv-dep", "gmv", "lake.ods.order", None))
         .expect("json")
         .replace("\"version\":1", "\"version\":2");
+    let rule = GMV_RULE.replace("run_failed\"", "run_failed\", \"job_unknown\"");
     for (method, path) in ROUTES {
         let path = if *method == "get" {
             concrete(path)
@@ -252,7 +263,13 @@ async fn every_route_refuses_without_a_token_and_forbids_without_the_role() {
             // Writes run as dry runs: the matrix needs no broker.
             format!("{}?dry_run=true", concrete(path))
         };
-        let send = (*method == "put").then(|| body.clone());
+        let send = (*method == "put").then(|| {
+            if path.starts_with("/v1/notifications/") {
+                rule.clone()
+            } else {
+                body.clone()
+            }
+        });
         let (status, _) = call(&app, method, &path, Some("nobody"), send.clone()).await;
         assert_eq!(
             status,
@@ -332,7 +349,7 @@ async fn bad_input_on_every_route_is_a_precise_4xx() {
                     .into(),
             ),
             StatusCode::UNPROCESSABLE_ENTITY,
-            "`secret`: a declared target holds references, never secrets",
+            "`secret`: a declared resource holds references, never secrets",
         ),
         (
             "put",

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use sluice_kit::declared::SharedDeclared;
+use sluice_kit::secret_ref::{SecretValue, Source};
 
 use crate::lifecycle::RetryPolicy;
 
@@ -71,60 +72,6 @@ impl Kind {
             _ => return None,
         })
     }
-}
-
-/// A secret as written: the value itself (bootstrap only) or where to find it.
-#[derive(Clone, Debug)]
-enum SecretValue {
-    Value(String),
-    Reference(SecretRef),
-}
-
-#[derive(Clone, Debug)]
-enum SecretRef {
-    /// An environment variable of the dispatcher.
-    Env(String),
-    /// A file the dispatcher can read (a mounted Secret key); trailing newlines
-    /// are not part of the secret.
-    File(String),
-}
-
-impl<'de> Deserialize<'de> for SecretValue {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        let v = serde_json::Value::deserialize(d)?;
-        let reference = |o: &serde_json::Map<String, serde_json::Value>| {
-            let (key, value) = o.iter().next()?;
-            let value = value.as_str()?.to_owned();
-            match (o.len(), key.as_str()) {
-                (1, "env") => Some(SecretRef::Env(value)),
-                (1, "file") => Some(SecretRef::File(value)),
-                _ => None,
-            }
-        };
-        match &v {
-            serde_json::Value::String(s) => Some(SecretValue::Value(s.clone())),
-            serde_json::Value::Object(o) => reference(o).map(SecretValue::Reference),
-            _ => None,
-        }
-        .ok_or_else(|| {
-            D::Error::custom(format!(
-                "a secret is {{\"env\": \"VAR\"}}, {{\"file\": \"/path\"}} or (bootstrap only) a string, not {v}"
-            ))
-        })
-    }
-}
-
-/// Where a target comes from, which decides what it may hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Source {
-    /// `SLUICE_TARGETS`: secrets may be written in; references are looked up.
-    Bootstrap,
-    /// The targets topic, in the dispatcher: references only, looked up.
-    Declared,
-    /// The API validating a document before it publishes it: references only,
-    /// not looked up (the API does not hold the dispatcher's secrets).
-    Check,
 }
 
 /// One target entry as written.
@@ -358,30 +305,6 @@ impl LiveTargets {
     }
 }
 
-/// Looks up a secret as `source` allows.
-fn secret(field: &str, v: &SecretValue, source: Source) -> Result<String, String> {
-    match (v, source) {
-        (SecretValue::Value(_), Source::Declared | Source::Check) => Err(format!(
-            "`{field}`: a declared target holds references, never secrets: \
-             {{\"env\": \"VAR\"}} or {{\"file\": \"/path\"}}"
-        )),
-        (SecretValue::Value(s), Source::Bootstrap) => Ok(s.clone()),
-        (SecretValue::Reference(SecretRef::Env(var)), _) if var.is_empty() => {
-            Err(format!("`{field}`: the env reference names no variable"))
-        }
-        (SecretValue::Reference(SecretRef::File(path)), _) if path.is_empty() => {
-            Err(format!("`{field}`: the file reference names no file"))
-        }
-        // The API cannot look up the dispatcher's secrets; a placeholder checks the rest.
-        (SecretValue::Reference(_), Source::Check) => Ok("unchecked".into()),
-        (SecretValue::Reference(SecretRef::Env(var)), _) => std::env::var(var)
-            .map_err(|_| format!("`{field}`: environment variable {var} is not set")),
-        (SecretValue::Reference(SecretRef::File(path)), _) => std::fs::read_to_string(path)
-            .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
-            .map_err(|e| format!("`{field}`: file {path}: {e}")),
-    }
-}
-
 fn build(r: RawTarget, source: Source) -> Result<Target, Vec<String>> {
     let mut problems = Vec::new();
     if r.name.is_empty() {
@@ -392,7 +315,7 @@ fn build(r: RawTarget, source: Source) -> Result<Target, Vec<String>> {
     }
     let mut secret_of = |field: &str, v: &Option<SecretValue>| -> Option<String> {
         v.as_ref()
-            .and_then(|v| secret(field, v, source).map_err(|e| problems.push(e)).ok())
+            .and_then(|v| v.reveal(field, source).map_err(|e| problems.push(e)).ok())
     };
     let webhook_secret = secret_of("secret", &r.secret);
     let password = secret_of("password", &r.password);
@@ -573,7 +496,7 @@ mod tests {
         )
         .expect_err("a literal secret");
         assert!(
-            e[0].contains("`secret`: a declared target holds references"),
+            e[0].contains("`secret`: a declared resource holds references"),
             "{e:?}"
         );
         let e = check_declared(

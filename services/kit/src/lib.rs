@@ -14,6 +14,7 @@ pub mod health;
 pub mod kafka;
 pub mod metrics;
 pub mod schemas;
+pub mod secret_ref;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;

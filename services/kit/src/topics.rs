@@ -33,10 +33,15 @@ pub enum Topic {
     ///
     /// [`DeclaredResource`]: crate::wire::DeclaredResource
     Tables,
+    /// Notification rules declared through the API (rule name → a
+    /// [`DeclaredResource`]), which the API's notifier applies live.
+    ///
+    /// [`DeclaredResource`]: crate::wire::DeclaredResource
+    Notifications,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 10] = [
+    pub const ALL: [Topic; 11] = [
         Topic::AssetEvents,
         Topic::AssetState,
         Topic::Dependencies,
@@ -47,6 +52,7 @@ impl Topic {
         Topic::Grants,
         Topic::Targets,
         Topic::Tables,
+        Topic::Notifications,
     ];
 
     pub fn role(self) -> &'static str {
@@ -61,6 +67,7 @@ impl Topic {
             Topic::Grants => "grants",
             Topic::Targets => "targets",
             Topic::Tables => "tables",
+            Topic::Notifications => "notifications",
         }
     }
 
@@ -74,6 +81,7 @@ impl Topic {
                 | Topic::Grants
                 | Topic::Targets
                 | Topic::Tables
+                | Topic::Notifications
         )
     }
 

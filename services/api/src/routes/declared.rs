@@ -1,9 +1,11 @@
-//! Resources declared live: **targets** (the systems the dispatcher calls) and
-//! **tables** (what the ingester's pollers read), each on a compacted topic of its
-//! own that every dispatcher / ingester applies without a restart. A declared one
-//! replaces a bootstrap one (`SLUICE_TARGETS`, `SLUICE_POLL_TABLES`) of the same
-//! id; deleting it restores that one. Both serve every project, so changing one
-//! needs admin of every project (`*`); any reader may look.
+//! Resources declared live: **targets** (the systems the dispatcher calls),
+//! **tables** (what the ingester's pollers read) and **notification rules** (what
+//! the API's notifier sends where), each on a compacted topic of its own that its
+//! service applies without a restart. A declared target or table replaces a
+//! bootstrap one (`SLUICE_TARGETS`, `SLUICE_POLL_TABLES`) of the same id; deleting
+//! it restores that one. Targets and tables serve every project, so changing one
+//! needs admin of every project (`*`); any reader may look. A notification rule
+//! belongs to its project: its editors change it, its viewers see it.
 //!
 //! Each document is its owner's format (`docs/control-plane.md`), checked by the
 //! owner's own code before it is published; a secret in it is a reference
@@ -22,6 +24,7 @@ use super::*;
 enum Resource {
     Target,
     Table,
+    Notification,
 }
 
 impl Resource {
@@ -29,6 +32,7 @@ impl Resource {
         match self {
             Resource::Target => "target",
             Resource::Table => "table",
+            Resource::Notification => "notification",
         }
     }
 
@@ -37,6 +41,7 @@ impl Resource {
         match self {
             Resource::Target => sluice_dispatcher::targets::check_declared(document),
             Resource::Table => sluice_ingester::poll::check_declared(document),
+            Resource::Notification => crate::notify::Rule::parse(document).map(|r| r.name),
         }
     }
 
@@ -44,6 +49,7 @@ impl Resource {
         match self {
             Resource::Target => &app.targets,
             Resource::Table => &app.tables,
+            Resource::Notification => &app.notifications,
         }
     }
 
@@ -51,17 +57,39 @@ impl Resource {
         match self {
             Resource::Target => &app.targets_topic,
             Resource::Table => &app.tables_topic,
+            Resource::Notification => &app.notifications_topic,
         }
     }
 
+    /// Why a resource may be missing here though it is in use.
     fn bootstrap(self) -> &'static str {
         match self {
             Resource::Target => {
-                "a SLUICE_TARGETS bootstrap target is the dispatcher's configuration"
+                " (a SLUICE_TARGETS bootstrap target is the dispatcher's configuration, not listed here)"
             }
             Resource::Table => {
-                "a SLUICE_POLL_TABLES bootstrap table is the ingester's configuration"
+                " (a SLUICE_POLL_TABLES bootstrap table is the ingester's configuration, not listed here)"
             }
+            Resource::Notification => "",
+        }
+    }
+
+    /// The project a document belongs to: a rule's own; `*` for what serves all.
+    fn project(self, document: &str) -> String {
+        match self {
+            Resource::Notification => serde_json::from_str::<Value>(document)
+                .ok()
+                .and_then(|v| v["project"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| "*".to_owned()),
+            Resource::Target | Resource::Table => "*".to_owned(),
+        }
+    }
+
+    /// Who may change a document of `project`.
+    fn writer(self) -> Role {
+        match self {
+            Resource::Notification => Role::Editor,
+            Resource::Target | Resource::Table => Role::Admin,
         }
     }
 }
@@ -148,12 +176,16 @@ impl App {
 }
 
 /// Targets and tables are shared by every project: only an admin of every
-/// project (`*`) changes one.
-async fn declared_admin(
+/// project (`*`) changes one. A notification rule is its project's: this only
+/// authenticates, and [`may_change`] checks the rule's project once it is read.
+async fn declared_writer(
     app: &App,
     headers: &HeaderMap,
     r: Resource,
 ) -> Result<Principal, ApiError> {
+    if r == Resource::Notification {
+        return app.reader(headers).await;
+    }
     let p = app.principal(headers).await?;
     if !p.may(Role::Admin, "*") {
         return Err(forbidden(format!(
@@ -165,29 +197,48 @@ async fn declared_admin(
     Ok(p)
 }
 
+/// Whether `p` may change a document of these projects (a rule that moves has
+/// two): an editor in each.
+fn may_change(p: &Principal, r: Resource, projects: &[String]) -> Result<(), ApiError> {
+    for project in projects {
+        if r == Resource::Notification && !p.may(r.writer(), project) {
+            return Err(forbidden(p.lacks(r.writer(), project)));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `p` may see a declared document (a rule: a viewer of its project).
+fn may_see(p: &Principal, r: Resource, doc: &Result<String, String>) -> bool {
+    match (r, doc) {
+        (Resource::Notification, Ok(d)) => p.may(Role::Viewer, &r.project(d)),
+        (Resource::Notification, Err(_)) => p.may(Role::Viewer, "*"),
+        _ => true,
+    }
+}
+
 async fn list(app: App, headers: HeaderMap, r: Resource, prefix: Option<String>) -> Answer {
-    app.reader(&headers).await?;
+    let p = app.reader(&headers).await?;
     app.declared_ready(r)?;
     let items: Vec<Value> = r
         .shared(&app)
         .snapshot()
         .iter()
         .filter(|(id, _)| prefix.as_deref().is_none_or(|p| id.starts_with(p)))
+        .filter(|(_, doc)| may_see(&p, r, doc))
         .map(|(id, doc)| shown(r, id, doc))
         .collect();
     ok(json!({"items": items}))
 }
 
 async fn get_one(app: App, headers: HeaderMap, r: Resource, id: String) -> Answer {
-    app.reader(&headers).await?;
+    let p = app.reader(&headers).await?;
     app.declared_ready(r)?;
-    let doc = r.shared(&app).get(&id).ok_or_else(|| {
-        not_found(format!(
-            "no declared {} {id:?} ({}, not listed here)",
-            r.noun(),
-            r.bootstrap()
-        ))
-    })?;
+    let missing = || not_found(format!("no declared {} {id:?}{}", r.noun(), r.bootstrap()));
+    let doc = r.shared(&app).get(&id).ok_or_else(missing)?;
+    if !may_see(&p, r, &doc) {
+        return Err(missing());
+    }
     ok(shown(r, &id, &doc))
 }
 
@@ -235,6 +286,7 @@ fn checked(r: Resource, id: &str, text: &str) -> Result<String, ApiError> {
     let code = match r {
         Resource::Target => "invalid_target",
         Resource::Table => "invalid_table",
+        Resource::Notification => "invalid_notification",
     };
     let value: Value = serde_json::from_str(text)
         .map_err(|e| err(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string()))?;
@@ -275,7 +327,7 @@ async fn change(
             principal: &p.name,
             action,
             resource: &format!("{}s/{id}", r.noun()),
-            project: "*",
+            project: &r.project(&after),
             before: before.as_deref().and_then(parse),
             after: audited_after.or_else(|| parse(&after)),
         },
@@ -313,13 +365,16 @@ async fn put(
     q: HashMap<String, String>,
     body: Bytes,
 ) -> Answer {
-    let p = declared_admin(&app, &headers, r).await?;
+    let p = declared_writer(&app, &headers, r).await?;
     app.declared_ready(r)?;
     let q = Params::new(q, &["dry_run"])?;
     let dry_run = q.flag("dry_run")?;
     let text = std::str::from_utf8(&body).map_err(|_| bad("the body is not UTF-8"))?;
     let after = checked(r, &id, text)?;
     let current = r.shared(&app).get(&id).and_then(Result::ok);
+    let mut projects = vec![r.project(&after)];
+    projects.extend(current.as_deref().map(|c| r.project(c)));
+    may_change(&p, r, &projects)?;
     if current.as_deref().is_some_and(|c| same(c, &after)) {
         return ok(json!({"id": id, "dry_run": dry_run, "changed": false}));
     }
@@ -333,6 +388,8 @@ async fn put(
         (Resource::Target, false) => (StatusCode::CREATED, "target.create"),
         (Resource::Table, true) => (StatusCode::OK, "table.replace"),
         (Resource::Table, false) => (StatusCode::CREATED, "table.create"),
+        (Resource::Notification, true) => (StatusCode::OK, "notification.replace"),
+        (Resource::Notification, false) => (StatusCode::CREATED, "notification.create"),
     };
     let shown = change(&app, &p, r, &id, action, current, after, None).await?;
     Ok((status, axum::Json(shown)).into_response())
@@ -364,13 +421,18 @@ async fn delete(
     id: String,
     q: HashMap<String, String>,
 ) -> Answer {
-    let p = declared_admin(&app, &headers, r).await?;
+    let p = declared_writer(&app, &headers, r).await?;
     app.declared_ready(r)?;
     let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
     let current = r
         .shared(&app)
         .get(&id)
         .ok_or_else(|| not_found(format!("no declared {} {id:?}", r.noun())))?;
+    let project = match &current {
+        Ok(d) => r.project(d),
+        Err(_) => "*".to_owned(),
+    };
+    may_change(&p, r, std::slice::from_ref(&project))?;
     if dry_run {
         return ok(
             json!({"id": id, "deleted": false, "dry_run": true, "before": shown(r, &id, &current)}),
@@ -384,9 +446,10 @@ async fn delete(
             action: match r {
                 Resource::Target => "target.delete",
                 Resource::Table => "table.delete",
+                Resource::Notification => "notification.delete",
             },
             resource: &format!("{}s/{id}", r.noun()),
-            project: "*",
+            project: &project,
             before: current.ok().and_then(|d| serde_json::from_str(&d).ok()),
             after: None,
         },
@@ -412,7 +475,7 @@ async fn set_paused(
     paused: bool,
 ) -> Answer {
     let r = Resource::Target;
-    let p = declared_admin(&app, &headers, r).await?;
+    let p = declared_writer(&app, &headers, r).await?;
     app.declared_ready(r)?;
     let dry_run = Params::new(q, &["dry_run"])?.flag("dry_run")?;
     let why: PauseBody = if body.iter().all(u8::is_ascii_whitespace) {
@@ -478,4 +541,153 @@ pub(super) async fn resume_target(
     body: Bytes,
 ) -> Answer {
     set_paused(app, headers, path, q, body, false).await
+}
+
+pub(super) async fn list_notifications(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let q = Params::new(q, &["project"])?;
+    let project = q.get("project").map(str::to_owned);
+    let p = app.reader(&headers).await?;
+    let r = Resource::Notification;
+    app.declared_ready(r)?;
+    let items: Vec<Value> = r
+        .shared(&app)
+        .snapshot()
+        .iter()
+        .filter(|(_, doc)| may_see(&p, r, doc))
+        .filter(|(_, doc)| {
+            project.as_deref().is_none_or(|want| {
+                doc.as_deref()
+                    .is_ok_and(|d| r.project(d) == want)
+            })
+        })
+        .map(|(id, doc)| shown(r, id, doc))
+        .collect();
+    ok(json!({"items": items}))
+}
+
+pub(super) async fn get_notification(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Answer {
+    get_one(app, headers, Resource::Notification, name).await
+}
+
+pub(super) async fn put_notification(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Answer {
+    put(app, headers, Resource::Notification, name, q, body).await
+}
+
+pub(super) async fn delete_notification(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    delete(app, headers, Resource::Notification, name, q).await
+}
+
+/// The rules whose deliveries `p` may see; `None`: every one (a viewer of `*`
+/// also sees those of deleted rules).
+fn visible_rules(app: &App, p: &Principal) -> Option<Vec<String>> {
+    if p.may(Role::Viewer, "*") {
+        return None;
+    }
+    let r = Resource::Notification;
+    Some(
+        r.shared(app)
+            .snapshot()
+            .into_iter()
+            .filter(|(_, doc)| may_see(p, r, doc))
+            .map(|(id, _)| id)
+            .collect(),
+    )
+}
+
+/// `GET /v1/notification-deliveries`: what was sent, is waiting to be sent again,
+/// or is DEAD (the notifications' dead-letter), newest first.
+pub(super) async fn list_deliveries(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Answer {
+    let p = app.reader(&headers).await?;
+    let q = Params::new(q, &["status", "rule", "limit", "cursor"])?;
+    let limit = q.limit(app.max_page, 100)?;
+    let offset = q.offset()?;
+    let status = q.get("status").map(str::to_ascii_uppercase);
+    if let Some(s) = &status
+        && !["PENDING", "DELIVERED", "DEAD"].contains(&s.as_str())
+    {
+        return Err(bad(format!(
+            "status must be one of PENDING, DELIVERED, DEAD; got {s:?}"
+        )));
+    }
+    let mut rules = visible_rules(&app, &p);
+    if let Some(want) = q.get("rule") {
+        rules = Some(match rules {
+            Some(v) => v.into_iter().filter(|r| r == want).collect(),
+            None => vec![want.to_owned()],
+        });
+    }
+    let rows = db::deliveries(
+        &app.pool,
+        status.as_deref(),
+        rules.as_deref(),
+        offset,
+        limit as i64 + 1,
+    )
+    .await?;
+    let mut items = rows.as_array().cloned().unwrap_or_default();
+    let next = (items.len() > limit).then(|| (offset + limit as i64).to_string());
+    items.truncate(limit);
+    ok(page(items, next))
+}
+
+/// `POST /v1/notification-deliveries/{key}/retry`: a DEAD notification is sent
+/// again from its first attempt (an editor of its rule's project).
+pub(super) async fn retry_delivery(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Answer {
+    let r = Resource::Notification;
+    let p = declared_writer(&app, &headers, r).await?;
+    let rule = db::delivery_rule(&app.pool, &key)
+        .await?
+        .ok_or_else(|| not_found(format!("no notification delivery {key:?}")))?;
+    let project = match r.shared(&app).get(&rule) {
+        Some(Ok(d)) => r.project(&d),
+        _ => "*".to_owned(),
+    };
+    may_change(&p, r, std::slice::from_ref(&project))?;
+    if !db::retry_delivery(&app.pool, &key).await? {
+        return Err(err(
+            StatusCode::CONFLICT,
+            "not_dead",
+            format!("delivery {key:?} is not DEAD; only a DEAD one is sent again"),
+        ));
+    }
+    db::audit(
+        &app.pool,
+        db::Audit {
+            principal: &p.name,
+            action: "notification.retry",
+            resource: &format!("notification-deliveries/{key}"),
+            project: &project,
+            before: Some(json!({"status": "DEAD"})),
+            after: Some(json!({"status": "PENDING"})),
+        },
+    )
+    .await?;
+    ok(json!({"delivery_key": key, "status": "PENDING"}))
 }
