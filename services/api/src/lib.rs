@@ -105,7 +105,8 @@ impl Options {
             env.problem("SLUICE_API_MAX_PAGE must be at least 1");
         }
         let notify = env.parse("SLUICE_API_NOTIFY", true);
-        let notify_interval = Duration::from_millis(env.parse("SLUICE_API_NOTIFY_INTERVAL_MS", 1_000u64));
+        let notify_interval =
+            Duration::from_millis(env.parse("SLUICE_API_NOTIFY_INTERVAL_MS", 1_000u64));
         if notify_interval.is_zero() {
             env.problem("SLUICE_API_NOTIFY_INTERVAL_MS must be at least 1");
         }
@@ -274,10 +275,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
                 return Err(Error::Follower(e));
             }
             health.set_ready(
-                watch.ready()
-                    && targets.caught_up()
-                    && tables.caught_up()
-                    && rules.caught_up(),
+                watch.ready() && targets.caught_up() && tables.caught_up() && rules.caught_up(),
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

@@ -116,10 +116,7 @@ impl Notifier {
                         continue;
                     };
                     if let Some(c) = stale_commit(state, bound, now) {
-                        let key = format!(
-                            "freshness_breach:{}:{}:{}",
-                            spec.id, input, c.sequence
-                        );
+                        let key = format!("freshness_breach:{}:{}:{}", spec.id, input, c.sequence);
                         let detail = json!({"max_age_ms": bound, "age_ms": now - c.commit_time_ms,
                                             "commit_time_ms": c.commit_time_ms,
                                             "snapshot_id": c.snapshot_id, "sequence": c.sequence});
@@ -232,10 +229,12 @@ impl Notifier {
                     .await?;
                 }
             }
-            sqlx::query("UPDATE notification_events SET routed_at = clock_timestamp() WHERE event_key = $1")
-                .bind(&e.key)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE notification_events SET routed_at = clock_timestamp() WHERE event_key = $1",
+            )
+            .bind(&e.key)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(n)
@@ -306,7 +305,13 @@ impl Notifier {
             Ok(r) if r.status().is_success() => Outcome::Delivered,
             Ok(r) => {
                 let status = r.status();
-                let text: String = r.text().await.unwrap_or_default().chars().take(300).collect();
+                let text: String = r
+                    .text()
+                    .await
+                    .unwrap_or_default()
+                    .chars()
+                    .take(300)
+                    .collect();
                 let why = format!("{url} answered {status}: {text}");
                 if status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429 {
                     Outcome::Final(why)
@@ -326,36 +331,45 @@ impl Notifier {
         attempts: i32,
         outcome: Outcome,
     ) -> Result<(), sqlx::Error> {
-        let q = match outcome {
-            Outcome::Delivered => sqlx::query(
+        let (sql, why, wait_secs) = match outcome {
+            Outcome::Delivered => (
                 "UPDATE notification_deliveries SET status = 'DELIVERED', last_error = NULL,
                         finished_at = clock_timestamp()
                  WHERE delivery_key = $1 AND attempts = $2 AND status = 'PENDING'",
+                None,
+                None,
             ),
-            Outcome::Retry(why)
-                if rule.is_some_and(|r| attempts < r.max_attempts as i32) =>
-            {
+            Outcome::Retry(why) if rule.is_some_and(|r| attempts < r.max_attempts as i32) => {
                 let wait = rule.map_or(0, |r| r.retry_wait_ms(attempts as u32));
                 tracing::info!(key, attempts, error = %why, "notification not taken; retrying");
-                sqlx::query(
+                (
                     "UPDATE notification_deliveries SET last_error = $3,
                             next_attempt_at = clock_timestamp() + make_interval(secs => $4)
                      WHERE delivery_key = $1 AND attempts = $2 AND status = 'PENDING'",
+                    Some(why),
+                    Some(wait as f64 / 1000.0),
                 )
-                .bind(why)
-                .bind(wait as f64 / 1000.0)
             }
             Outcome::Retry(why) | Outcome::Final(why) => {
                 tracing::warn!(key, attempts, error = %why, "notification dead");
-                sqlx::query(
+                (
                     "UPDATE notification_deliveries SET status = 'DEAD', last_error = $3,
                             finished_at = clock_timestamp()
                      WHERE delivery_key = $1 AND attempts = $2 AND status = 'PENDING'",
+                    Some(why),
+                    None,
                 )
-                .bind(why)
             }
         };
-        q.bind(key).bind(attempts).execute(&self.pool).await?;
+        // $1 and $2 name the claim; $3 and $4 are the statement's own.
+        let mut q = sqlx::query(sql).bind(key).bind(attempts);
+        if let Some(why) = why {
+            q = q.bind(why);
+        }
+        if let Some(secs) = wait_secs {
+            q = q.bind(secs);
+        }
+        q.execute(&self.pool).await?;
         Ok(())
     }
 
@@ -393,9 +407,7 @@ impl Notifier {
                         .and_then(|x| x.value)
                         .map(|v| String::from_utf8_lossy(v).into_owned())
                 };
-                let asset = msg
-                    .key()
-                    .map(|k| String::from_utf8_lossy(k).into_owned());
+                let asset = msg.key().map(|k| String::from_utf8_lossy(k).into_owned());
                 let detail = json!({
                     "topic": header(dlq::HEADER_TOPIC),
                     "partition": header(dlq::HEADER_PARTITION).and_then(|p| p.parse::<i64>().ok()),

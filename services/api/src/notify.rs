@@ -138,9 +138,7 @@ impl Rule {
             problems.push("max_attempts must be 1 to 100".to_owned());
         }
         if !(1..=MAX_RETRY_WAIT_MS).contains(&rule.retry_after_ms) {
-            problems.push(format!(
-                "retry_after_ms must be 1 to {MAX_RETRY_WAIT_MS}"
-            ));
+            problems.push(format!("retry_after_ms must be 1 to {MAX_RETRY_WAIT_MS}"));
         }
         match rule.url(Source::Check) {
             Ok(url) if url != "unchecked" => {
@@ -449,7 +447,10 @@ mod tests {
             at: "2026-12-06T00:00:00Z".into(),
         };
         let s = e.summary();
-        assert_eq!(s, "Run k1 of dws FAILED on airflow/gmv after 3 attempt(s): HTTP 500");
+        assert_eq!(
+            s,
+            "Run k1 of dws FAILED on airflow/gmv after 3 attempt(s): HTTP 500"
+        );
         let j = e.body(Format::Json, "r", "run_failed:k1:3@r");
         assert_eq!(j["key"], "run_failed:k1:3@r");
         assert_eq!(j["detail"]["reason"], "HTTP 500");
@@ -458,7 +459,10 @@ mod tests {
         assert_eq!(slack["blocks"][0]["type"], "header");
         let teams = e.body(Format::Teams, "r", "d");
         let card = &teams["attachments"][0];
-        assert_eq!(card["contentType"], "application/vnd.microsoft.card.adaptive");
+        assert_eq!(
+            card["contentType"],
+            "application/vnd.microsoft.card.adaptive"
+        );
         assert_eq!(card["content"]["type"], "AdaptiveCard");
         assert_eq!(card["content"]["body"][1]["text"], s.as_str());
     }

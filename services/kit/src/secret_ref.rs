@@ -100,12 +100,25 @@ mod tests {
         let value = parse(r#""s3cret""#).expect("value");
         assert!(value.reveal("token", Source::Declared).is_err());
         assert!(value.reveal("token", Source::Check).is_err());
-        assert_eq!(value.reveal("token", Source::Bootstrap).as_deref(), Ok("s3cret"));
+        assert_eq!(
+            value.reveal("token", Source::Bootstrap).as_deref(),
+            Ok("s3cret")
+        );
         let missing = parse(r#"{"env": "SLUICE_TEST_SURELY_UNSET_VARIABLE"}"#).expect("ref");
-        assert_eq!(missing.reveal("token", Source::Check).as_deref(), Ok("unchecked"));
-        let e = missing.reveal("token", Source::Declared).expect_err("unset");
+        assert_eq!(
+            missing.reveal("token", Source::Check).as_deref(),
+            Ok("unchecked")
+        );
+        let e = missing
+            .reveal("token", Source::Declared)
+            .expect_err("unset");
         assert!(e.contains("SLUICE_TEST_SURELY_UNSET_VARIABLE"), "{e}");
         assert!(parse(r#"{"vault": "x"}"#).is_err());
-        assert!(parse(r#"{"env": ""}"#).expect("parsed").reveal("t", Source::Check).is_err());
+        assert!(
+            parse(r#"{"env": ""}"#)
+                .expect("parsed")
+                .reveal("t", Source::Check)
+                .is_err()
+        );
     }
 }

@@ -23,6 +23,9 @@ pub enum Kind {
     Target,
     /// A declared polled table, named by its asset key.
     Table,
+    /// A notification rule, by its name.
+    #[value(alias = "notifications")]
+    Notification,
 }
 
 #[derive(clap::Subcommand)]
@@ -56,6 +59,20 @@ pub enum Get {
     Targets,
     /// Declared polled tables (the ingester's SLUICE_POLL_TABLES is not listed).
     Tables,
+    /// Notification rules you may see.
+    Notifications {
+        #[arg(long)]
+        project: Option<String>,
+    },
+    /// Notifications sent, waiting to be sent again, or DEAD, newest first.
+    #[command(alias = "notification-deliveries")]
+    Deliveries {
+        /// PENDING, DELIVERED or DEAD
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        rule: Option<String>,
+    },
     /// Backfills and their progress, newest first.
     Backfills {
         #[arg(long)]
@@ -160,6 +177,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
                 Kind::Backfill => path(&["v1", "backfills", &name]),
                 Kind::Target => target_path(&name, None)?,
                 Kind::Table => path(&["v1", "tables", &name]),
+                Kind::Notification => path(&["v1", "notifications", &name]),
                 Kind::Grant => {
                     let all = client.list("/v1/grants", MAX_ITEMS).await?;
                     let one = all
@@ -196,6 +214,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
                 Kind::Grant => path(&["v1", "grants", &name]),
                 Kind::Target => target_path(&name, None)?,
                 Kind::Table => path(&["v1", "tables", &name]),
+                Kind::Notification => path(&["v1", "notifications", &name]),
                 other => {
                     return Err(Failure::Usage(format!("{other:?} cannot be deleted")));
                 }
@@ -284,6 +303,19 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
                 let status = v["status"].as_str().unwrap_or("?");
                 let how = if dry_run { "would become" } else { "is now" };
                 println!("run/{trigger_key} {how} {status}");
+            }
+            Ok(())
+        }
+        Command::Redeliver { key } => {
+            let (_, v) = client
+                .call(
+                    "POST",
+                    &path(&["v1", "notification-deliveries", &key, "retry"]),
+                    None,
+                )
+                .await?;
+            if !output::structured(format, &v) {
+                println!("notification {key} is PENDING again");
             }
             Ok(())
         }
@@ -378,6 +410,7 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Backfill => "backfill",
         Kind::Target => "target",
         Kind::Table => "table",
+        Kind::Notification => "notification",
     }
 }
 
@@ -498,6 +531,31 @@ async fn get(client: &Client, what: Get, format: Format) -> Result<(), Failure> 
                 col("PATH", "document.path"),
                 col("INTERVAL MS", "document.interval_ms"),
                 col("INVALID", "invalid"),
+            ],
+        ),
+        Get::Notifications { project } => (
+            format!("/v1/notifications{}", query(&[("project", project)])),
+            vec![
+                col("RULE", "id"),
+                col("PROJECT", "document.project"),
+                col("DEPENDENCY", "document.dependency"),
+                col("ON", "document.on"),
+                col("FORMAT", "document.webhook.format"),
+                col("INVALID", "invalid"),
+            ],
+        ),
+        Get::Deliveries { status, rule } => (
+            format!(
+                "/v1/notification-deliveries{}",
+                query(&[("status", status), ("rule", rule)])
+            ),
+            vec![
+                col("KEY", "delivery_key"),
+                col("STATUS", "status"),
+                col("ATTEMPTS", "attempts"),
+                col("EVENT", "event"),
+                col("DEPENDENCY", "dependency_id"),
+                col("LAST ERROR", "last_error"),
             ],
         ),
         Get::Backfills { dependency } => (
@@ -662,8 +720,15 @@ pub async fn apply(
     let mut answers = Vec::new();
     let mut refused = 0usize;
     for (origin, spec) in specs {
-        // A dependency spec has an id; a target a kind and a name; a table an asset.
+        // A dependency spec has an id; a target a kind and a name; a table an
+        // asset; a notification rule a name and a webhook.
         let declared = match (&spec["id"], &spec["kind"], &spec["name"], &spec["asset"]) {
+            (Value::Null, Value::Null, Value::String(name), _) if spec["webhook"].is_object() => {
+                Some((
+                    path(&["v1", "notifications", name]),
+                    format!("notification/{name}"),
+                ))
+            }
             (Value::Null, Value::String(kind), Value::String(name), _) => {
                 let id = format!("{kind}/{name}");
                 Some((target_path(&id, None)?, format!("target/{id}")))

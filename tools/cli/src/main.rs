@@ -44,13 +44,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// List resources: assets, deps, runs, grants, targets, tables, backfills, audit.
+    /// List resources: assets, deps, runs, grants, targets, tables, notifications,
+    /// deliveries, backfills, audit.
     Get {
         #[command(subcommand)]
         what: commands::Get,
     },
     /// One resource in full: asset KEY, dep ID, run TRIGGER_KEY, backfill ID,
-    /// target KIND/NAME, table ASSET.
+    /// target KIND/NAME, table ASSET, notification RULE.
     Describe { kind: commands::Kind, name: String },
     /// Why a dependency did or did not run: the evaluator's own tree.
     Explain {
@@ -59,10 +60,10 @@ pub enum Command {
         #[arg(long)]
         at_ms: Option<i64>,
     },
-    /// Create or update dependencies, targets and polled tables from files or
-    /// directories (JSON or YAML; one document or a list per file: a spec has an
-    /// `id`, a target a `kind` and `name`, a table an `asset`). Shows each change
-    /// and the resolver's verdict.
+    /// Create or update dependencies, targets, polled tables and notification
+    /// rules from files or directories (JSON or YAML; one document or a list per
+    /// file: a spec has an `id`, a target a `kind` and `name`, a table an `asset`,
+    /// a rule a `name` and a `webhook`). Shows each change and the resolver's verdict.
     Apply {
         /// Files or directories (`-f` may repeat).
         #[arg(short = 'f', long = "filename")]
@@ -82,7 +83,7 @@ pub enum Command {
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
     },
-    /// Delete a dependency, a grant, a declared target or a declared table.
+    /// Delete a dependency, a grant, a declared target or table, or a notification rule.
     Delete {
         kind: commands::Kind,
         name: String,
@@ -158,6 +159,9 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Send a DEAD notification again from its first attempt (its key from
+    /// `sluice get deliveries --status DEAD`).
+    Redeliver { key: String },
     /// Re-run a dependency over past partitions, windows or an input's snapshots:
     /// one run per item, paced behind live triggers. Give one range.
     Backfill(commands::BackfillArgs),

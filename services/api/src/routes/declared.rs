@@ -559,10 +559,9 @@ pub(super) async fn list_notifications(
         .iter()
         .filter(|(_, doc)| may_see(&p, r, doc))
         .filter(|(_, doc)| {
-            project.as_deref().is_none_or(|want| {
-                doc.as_deref()
-                    .is_ok_and(|d| r.project(d) == want)
-            })
+            project
+                .as_deref()
+                .is_none_or(|want| doc.as_deref().is_ok_and(|d| r.project(d) == want))
         })
         .map(|(id, doc)| shown(r, id, doc))
         .collect();
