@@ -10,7 +10,7 @@
 # The ODS tables get real commits (orders pushed over HTTP, payments found by the
 # poller); each layer is a local-command target that writes the next table with the
 # real writer and commits it — snapshot advancement alone drives the cascade, no
-# cron. `sluice watch` shows every commit, state change, trigger and dispatch as it
+# cron. `sluice watch --kafka` shows every commit, state change, trigger and dispatch as it
 # happens, and a summary at the end. Ctrl-C stops the services (SIGTERM, then their
 # graceful shutdown) and the stack, and leaves nothing running.
 #
@@ -113,7 +113,7 @@ printf 'push a commit: curl -H "Authorization: Bearer %s" -d %s http://%s/v1/com
   "$SLUICE_INGEST_HTTP_ADDR"
 
 "$REPO/target/debug/sluice" apply "$HERE/gmv/specs.json"
-"$REPO/target/debug/sluice" watch &
+"$REPO/target/debug/sluice" watch --kafka &
 WATCH=$!
 PIDS+=("$WATCH")
 sleep 2 # the resolver takes the specs before the first commit
@@ -138,7 +138,7 @@ if ((status != 0)); then say "the CLI could not read the API; its log: $LOGS/api
 printf '\ntry: export SLUICE_API_URL=%s SLUICE_API_TOKEN=%s; target/debug/sluice --help\n' "$SLUICE_API_URL" "$API_TOKEN"
 
 if [[ $mode == --check ]]; then exit 0; fi
-say "still running (push commits as shown above, watch with: target/debug/sluice watch); Ctrl-C to stop"
+say "still running (push commits as shown above, watch with: target/debug/sluice watch, or watch --kafka); Ctrl-C to stop"
 while true; do
   for i in "${!ORDER[@]}"; do
     if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then say "sluice-${ORDER[$i]} exited; its log:"; tail -n 30 "$LOGS/${ORDER[$i]}.log" >&2; exit 1; fi

@@ -163,6 +163,18 @@ async fn each_event_reaches_the_rules_that_take_it_once() {
     p.set("api", "SLUICE_API_NOTIFY_INTERVAL_MS", "100");
     let api = p.start_all_with_api(tokens_file(), ADMIN).await;
     let url = p.push_url();
+    // `sluice watch` over the API's event stream, as a gmv viewer, all along.
+    let mut watch = std::process::Command::new(service_binary("sluice"))
+        .args(["watch", "-o", "json"])
+        .env("SLUICE_API_URL", &api.base)
+        .env("SLUICE_API_TOKEN", VIEWER)
+        .env(
+            "SLUICE_CONFIG",
+            std::env::temp_dir().join(sluice_integration_tests::unique("no-config")),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice watch");
 
     for (id, asset, target, predicates) in [
         ("failing", "lake.ods.f", "refusing", json!([])),
@@ -429,6 +441,27 @@ async fn each_event_reaches_the_rules_that_take_it_once() {
             "{path}: one taken send per key: {sends:?}"
         );
     }
+    // The watch saw the failure and the state changes, one JSON object a line.
+    let _ = watch.kill();
+    let out = watch.wait_with_output().expect("watch output");
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert!(
+        events.iter().any(|e| e["type"] == "run"
+            && e["trigger_key"] == tk.as_str()
+            && e["status"]
+                .as_str()
+                .is_some_and(|s| s.eq_ignore_ascii_case("failed"))),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "state" && e["asset"] == "lake.ods.s" && e["sequence"] == 2),
+        "{events:?}"
+    );
     let audit = api.get("/v1/audit").await;
     let actions: Vec<&str> = audit["items"]
         .as_array()

@@ -224,6 +224,98 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Follows a server-sent-events stream, calling `on` with each event's name
+    /// and data, until `on` answers false, `idle` passes without an event (the
+    /// server's keep-alive comments do not count), or the server ends it.
+    pub async fn events(
+        &self,
+        path: &str,
+        idle: Option<std::time::Duration>,
+        mut on: impl FnMut(&str, &str) -> bool,
+    ) -> Result<(), Failure> {
+        let mut resp = self
+            .http
+            .get(format!("{}{path}", self.server))
+            .bearer_auth(&self.token)
+            .header("Accept", "text/event-stream")
+            .send()
+            .await
+            .map_err(|e| Failure::Refused(format!("{}: {e}", self.server)))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            let message = value["error"]["message"]
+                .as_str()
+                .map_or_else(|| value.to_string(), str::to_owned);
+            return Err(Failure::Refused(format!("GET {path}: {status}: {message}")));
+        }
+        let mut parser = SseParser::default();
+        let mut last_event = std::time::Instant::now();
+        loop {
+            let wait = idle.map(|i| i.saturating_sub(last_event.elapsed()));
+            let chunk = match wait {
+                Some(w) => match tokio::time::timeout(w, resp.chunk()).await {
+                    Ok(c) => c,
+                    Err(_) => return Ok(()),
+                },
+                None => resp.chunk().await,
+            };
+            let chunk = chunk.map_err(|e| Failure::Refused(format!("{path}: {e}")))?;
+            let Some(bytes) = chunk else { return Ok(()) };
+            for (event, data) in parser.feed(&bytes) {
+                last_event = std::time::Instant::now();
+                if !on(&event, &data) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Server-sent events from a byte stream cut anywhere: `event:` and `data:`
+/// lines up to a blank line make one event; `:` lines are comments (keep-alive).
+#[derive(Default)]
+pub struct SseParser {
+    line: Vec<u8>,
+    event: String,
+    data: Vec<String>,
+}
+
+impl SseParser {
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for &b in bytes {
+            if b != b'\n' {
+                self.line.push(b);
+                continue;
+            }
+            let line = String::from_utf8_lossy(&self.line)
+                .trim_end_matches('\r')
+                .to_owned();
+            self.line.clear();
+            if line.is_empty() {
+                if !self.data.is_empty() {
+                    let event = std::mem::take(&mut self.event);
+                    let name = if event.is_empty() {
+                        "message".to_owned()
+                    } else {
+                        event
+                    };
+                    out.push((name, std::mem::take(&mut self.data).join("\n")));
+                }
+                self.event.clear();
+            } else if let Some(v) = line.strip_prefix("event:") {
+                self.event = v.trim_start().to_owned();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                self.data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+            }
+        }
+        out
+    }
+}
+
 fn context_token(c: &Context) -> Result<String, Failure> {
     if let Some(t) = &c.token {
         return Ok(t.clone());
@@ -256,6 +348,24 @@ pub fn path(segments: &[&str]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn server_sent_events_are_read_across_any_cut() {
+        let stream = b": keep-alive\n\nevent: run\ndata: {\"a\":1}\n\nevent: state\r\ndata: x\r\ndata: y\r\n\n";
+        for cut in 0..stream.len() {
+            let mut p = super::SseParser::default();
+            let mut got = p.feed(&stream[..cut]);
+            got.extend(p.feed(&stream[cut..]));
+            assert_eq!(
+                got,
+                vec![
+                    ("run".to_owned(), "{\"a\":1}".to_owned()),
+                    ("state".to_owned(), "x\ny".to_owned())
+                ],
+                "cut at {cut}"
+            );
+        }
+    }
+
     #[test]
     fn a_typed_name_stays_one_segment() {
         assert_eq!(

@@ -2,9 +2,9 @@
 //!
 //! It speaks to `sluice-api` (server and token from flags, `SLUICE_API_URL` /
 //! `SLUICE_API_TOKEN`, or a context of the config file: see `client`). Two
-//! commands work without the API, straight on Kafka with the services' SLUICE_*
-//! settings: `watch`, and `apply` when no server is configured (bootstrap of a
-//! cluster before the API runs).
+//! commands also work without the API, straight on Kafka with the services'
+//! SLUICE_* settings: `watch --kafka` (or `watch` with no API configured), and
+//! `apply` when no server is configured (bootstrap of a cluster before the API runs).
 //!
 //! Exit codes: 0 done; 1 refused or failed (the API's message on stderr); 2 a
 //! usage or configuration error.
@@ -171,9 +171,15 @@ pub enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Commits, state changes, triggers and dispatches as they happen (on Kafka).
+    /// What happens as it happens: over the API's event stream (state changes,
+    /// specs, triggers, run transitions you may see); with --kafka, or when no API
+    /// is configured, straight on Kafka with the services' SLUICE_* settings
+    /// (commits, states, triggers, dispatches with their latency, dead letters).
     Watch {
-        /// Read the topics from their beginning.
+        /// Read Kafka instead of the API.
+        #[arg(long)]
+        kafka: bool,
+        /// Read the topics from their beginning (Kafka only).
         #[arg(long)]
         from_start: bool,
         /// Exit after this many seconds without a record.
@@ -224,19 +230,29 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Watch {
+            kafka,
             from_start,
             idle_exit,
         } => {
-            return match common() {
-                Ok(c) => runtime.block_on(watch::run(
-                    &c,
-                    watch::Args {
-                        from_start,
-                        idle_exit: idle_exit.map(std::time::Duration::from_secs_f64),
-                    },
-                )),
-                Err(code) => code,
-            };
+            let idle = idle_exit.map(std::time::Duration::from_secs_f64);
+            match Client::resolve(&target) {
+                Ok(Some(client)) if !kafka && !from_start => {
+                    runtime.block_on(watch::follow_api(&client, cli.output == Format::Json, idle))
+                }
+                Err(e) if !kafka => Err(e),
+                _ => {
+                    return match common() {
+                        Ok(c) => runtime.block_on(watch::run(
+                            &c,
+                            watch::Args {
+                                from_start,
+                                idle_exit: idle,
+                            },
+                        )),
+                        Err(code) => code,
+                    };
+                }
+            }
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;

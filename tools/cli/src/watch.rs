@@ -1,7 +1,10 @@
-//! `sluice watch`: the pipeline as it happens — each commit on asset-events, each
-//! state change, each trigger with its snapshot combination, each dispatch
-//! transition with its commit-to-dispatch latency, each dead letter — then a
-//! summary. Reads read_committed, so it shows only what the services committed.
+//! `sluice watch`: the pipeline as it happens. Over the API ([`follow_api`], the
+//! default when an API is configured): its event stream — state changes,
+//! dependency changes, triggers, run transitions — filtered to what the caller may
+//! see. Straight on Kafka ([`run`], `--kafka`, or no API): each commit on
+//! asset-events, each state change, each trigger with its snapshot combination,
+//! each dispatch transition with its commit-to-dispatch latency, each dead letter
+//! — then a summary; read_committed, so only what the services committed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
@@ -16,6 +19,77 @@ use sluice_kit::config::Common;
 use sluice_kit::wire::RunRecord;
 use sluice_kit::wire::{StateRecord, TriggerRecord};
 use sluice_kit::{Codec, SchemaName, Shutdown, Topic};
+
+/// Prints the API's event stream (`GET /v1/events`) until Ctrl-C or `idle`
+/// passes without an event: one line each, or with `json` one JSON object each.
+pub async fn follow_api(
+    client: &crate::client::Client,
+    json: bool,
+    idle: Option<Duration>,
+) -> Result<(), crate::client::Failure> {
+    let shutdown = Shutdown::new();
+    shutdown.listen_for_signals();
+    let stream = client.events("/v1/events", idle, |event, data| {
+        let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+        if json {
+            let mut v = v;
+            if event == "lagged" {
+                v["type"] = "lagged".into();
+            }
+            println!("{v}");
+        } else {
+            println!("{}  {}", clock(now_ms()), api_line(event, &v));
+        }
+        true
+    });
+    tokio::select! {
+        r = stream => r,
+        _ = shutdown.wait_stopped() => Ok(()),
+    }
+}
+
+/// One event of the API's stream as a line.
+fn api_line(event: &str, v: &serde_json::Value) -> String {
+    let s = |k: &str| match &v[k] {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    match event {
+        "state" => format!(
+            "state     {:<28} revision {} latest sequence {}",
+            s("asset"),
+            s("revision"),
+            s("sequence")
+        ),
+        "dependency" if v["deleted"] == true => format!("spec      {:<28} deleted", s("id")),
+        "dependency" => format!("spec      {:<28} version {}", s("id"), s("version")),
+        "progress" => format!(
+            "trigger   {:<28} {} ({} in all)",
+            s("dependency_id"),
+            s("last_trigger_key"),
+            s("triggers_total")
+        ),
+        "run" => {
+            let reason = v["reason"]
+                .as_str()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            format!(
+                "run       {:<28} {} {} (attempt {}){reason}",
+                s("dependency_id"),
+                s("trigger_key"),
+                s("status"),
+                s("attempt")
+            )
+        }
+        "lagged" => format!(
+            "lagged    missed {} events; re-read the lists (sluice get …)",
+            s("missed")
+        ),
+        other => format!("{other:<9} {v}"),
+    }
+}
 
 pub struct Args {
     pub from_start: bool,
