@@ -22,8 +22,8 @@ use sluice_dispatcher::adapters::{
     IDEMPOTENCY_HEADER, INVOCATION_HEADER, SIGNATURE_HEADER, signature,
 };
 use sluice_integration_tests::{
-    bootstrap, dispatcher_database, free_port, fresh_topics, kafka, read_topic, service_binary,
-    unique, venv_bin,
+    bootstrap, dispatcher_database, free_port, fresh_topics, http_get, kafka,
+    least_privilege_api_role, read_topic, service_binary, unique, venv_bin,
 };
 use sluice_kit::topics::{Topic, TopicNames};
 use sluice_kit::wire::RunRecord;
@@ -187,6 +187,10 @@ async fn serve(r: Shared) -> u16 {
     port
 }
 
+/// The API token of the re-run in the Airflow test (an admin of every project:
+/// its triggers name no declared dependency).
+const API_ADMIN: &str = "dispatcher-test-admin-0123456789";
+
 struct Run {
     names: TopicNames,
     db: String,
@@ -237,6 +241,42 @@ impl Run {
             cmd.env(k, v);
         }
         cmd.spawn().expect("spawn dispatcher")
+    }
+
+    /// `sluice-api` over this run's topics and database (as its least-privileged
+    /// role), with one admin token; its URL once it is ready.
+    async fn start_api(&self) -> (String, Child) {
+        let port = free_port();
+        let admin = free_port();
+        let tokens = sluice_integration_tests::api::tokens_file(&[(
+            "root",
+            API_ADMIN,
+            serde_json::json!({"*": "admin"}),
+        )]);
+        let child = Command::new(service_binary("sluice-api"))
+            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+            .env(
+                "SLUICE_DATABASE_URL",
+                least_privilege_api_role(&self.db).await,
+            )
+            .env("SLUICE_TOPIC_PREFIX", &self.names.prefix)
+            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+            .env("SLUICE_ADMIN_ADDR", format!("127.0.0.1:{admin}"))
+            .env("SLUICE_API_ADDR", format!("127.0.0.1:{port}"))
+            .env("SLUICE_API_TOKENS_FILE", tokens)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sluice-api");
+        let ready = sluice_integration_tests::eventually(Duration::from_secs(60), || async {
+            http_get(admin, "/health/ready")
+                .await
+                .is_some_and(|(status, _)| status == 200)
+        })
+        .await;
+        assert!(ready, "sluice-api ready");
+        (format!("http://127.0.0.1:{port}"), child)
     }
 
     /// Produces each trigger `copies` times, spread over the partitions.
@@ -1009,7 +1049,9 @@ with DAG(dag_id="sluice_ok", schedule=None, start_date=datetime(2024, 1, 1), cat
 with DAG(dag_id="sluice_fails", schedule=None, start_date=datetime(2024, 1, 1), catchup=False):
     @task(retries=0)
     def fail():
-        raise RuntimeError("this DAG fails on purpose")
+        # fails on purpose until the test "fixes" it, then the operator re-runs it
+        if not os.path.exists(os.path.join(OUT, "fixed")):
+            raise RuntimeError("this DAG fails on purpose")
     fail()
 "#;
 
@@ -1283,6 +1325,68 @@ async fn a_real_airflow_3_runs_each_trigger_once_and_is_followed_to_its_end() {
         s[&killed.trigger_key].1, 2,
         "attempt 1 unknown, attempt 2 sent"
     );
+
+    // The operator fixes the DAG and re-runs the FAILED run through the API and the
+    // CLI: a new run linked to the original, one new dag run, followed to success.
+    std::fs::write(airflow.out.join("fixed"), "").expect("fix the DAG");
+    let (api, mut api_child) = run.start_api().await;
+    let rerun = |request: &str| {
+        Command::new(service_binary("sluice"))
+            .args(["rerun", &fails.trigger_key, "--request-id", request])
+            .args(["--reason", "the DAG is fixed", "-o", "json"])
+            .env("SLUICE_API_URL", &api)
+            .env("SLUICE_API_TOKEN", API_ADMIN)
+            .env(
+                "SLUICE_CONFIG",
+                std::env::temp_dir().join(unique("no-config")),
+            )
+            .output()
+            .expect("sluice rerun")
+    };
+    let out = rerun("fixed-1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let again = rerun("fixed-1");
+    let same: serde_json::Value = serde_json::from_slice(&again.stdout).expect("json");
+    let new_key = answer["trigger_key"].as_str().expect("new key").to_owned();
+    assert_eq!(
+        same["trigger_key"],
+        new_key.as_str(),
+        "one request id, one run"
+    );
+    assert_ne!(new_key, fails.trigger_key);
+    run.wait_status(&BTreeSet::from([new_key.clone()]), "SUCCEEDED", wait)
+        .await;
+    let failed_runs = airflow.runs("sluice_fails").await;
+    let new_runs: Vec<_> = failed_runs
+        .iter()
+        .filter(|(id, _)| id.contains(&new_key))
+        .collect();
+    assert_eq!(
+        new_runs,
+        [(
+            &sluice_dispatcher::adapters::airflow_run_id(&new_key, 1),
+            &"success".to_owned()
+        )],
+        "one new dag run in Airflow: {failed_runs:?}"
+    );
+    assert_eq!(
+        failed_runs.len(),
+        3,
+        "the original's two failed dag runs stay as they were"
+    );
+    let linked: Option<String> =
+        sqlx::query_scalar("SELECT rerun_of FROM trigger_history WHERE trigger_key = $1")
+            .bind(&new_key)
+            .fetch_one(&run.pool)
+            .await
+            .expect("history");
+    assert_eq!(linked.as_deref(), Some(fails.trigger_key.as_str()));
+    kill(&mut api_child);
     kill(&mut d);
 }
 
