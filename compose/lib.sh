@@ -64,3 +64,16 @@ ensure_spark() {
   SLUICE_TEST_HUDI_BUNDLE="$(ls "$jars"/hudi-spark3.5-bundle_2.12-*.jar)"
   export SLUICE_TEST_HUDI_BUNDLE
 }
+
+# A real browser for the web UI's test: Debian's Chromium (a test tool's own browser
+# download cannot work offline), driven by Playwright from PyPI in a venv.
+PLAYWRIGHT_PIN="playwright==1.65.3"
+ensure_browser() {
+  if [[ ! -x /usr/bin/chromium ]]; then
+    [[ $(id -u) -eq 0 ]] || { printf '[browser] install Debian chromium (apt-get install chromium)\n' >&2; return 1; }
+    printf '[browser] installing Debian chromium\n' >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+  fi
+  bash "$HERE/ensure-venv.sh" ui "$PLAYWRIGHT_PIN"
+  export SLUICE_TEST_UI_VENV="$HERE/../.stack/ui-venv"
+}

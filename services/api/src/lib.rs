@@ -15,6 +15,7 @@ pub mod auth;
 pub mod commits;
 pub mod db;
 pub mod jwt;
+pub mod layout;
 pub mod notifier;
 pub mod notify;
 pub mod routes;
@@ -246,6 +247,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
             timeout: c.kafka.request_timeout,
         }),
         max_page: options.max_page,
+        layouts: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await

@@ -71,10 +71,11 @@ impl Notifier {
     pub async fn run(&self, shutdown: Shutdown) {
         let mut last_breach: HashMap<(String, String), String> = HashMap::new();
         while !shutdown.is_stopping() {
-            if self.rules.caught_up() && self.view.ready() {
-                if let Err(e) = self.round(&mut last_breach).await {
-                    tracing::warn!(error = %e, "notification round failed; retrying");
-                }
+            if self.rules.caught_up()
+                && self.view.ready()
+                && let Err(e) = self.round(&mut last_breach).await
+            {
+                tracing::warn!(error = %e, "notification round failed; retrying");
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.interval) => {}

@@ -35,6 +35,7 @@ use crate::view::{Tables, View};
 mod actions;
 mod backfills;
 mod declared;
+mod ui;
 
 /// Every route, as `openapi.json` documents it (a test holds the two together).
 pub const ROUTES: &[(&str, &str)] = &[
@@ -110,6 +111,8 @@ pub struct App {
     pub triggers_topic: String,
     pub commits: Arc<Commits>,
     pub max_page: usize,
+    /// The lineage graph's last layout, kept while its nodes and edges stay the same.
+    pub layouts: Arc<crate::layout::Cache>,
 }
 
 pub fn router(app: App) -> Router {
@@ -197,6 +200,11 @@ pub fn router(app: App) -> Router {
             "/v1/notification-deliveries/{key}/retry",
             post(declared::retry_delivery),
         )
+        .route("/", get(ui::to_ui))
+        .route("/ui", get(ui::to_ui))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/app.css", get(ui::style))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(app)
@@ -241,6 +249,13 @@ impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         tracing::warn!(error = %e, "database read failed");
         unavailable(format!("the database did not answer: {e}"))
+    }
+}
+
+impl From<crate::layout::LayoutFailed> for ApiError {
+    fn from(e: crate::layout::LayoutFailed) -> Self {
+        tracing::error!(error = %e, "lineage layout");
+        unavailable(e.to_string())
     }
 }
 
@@ -1159,48 +1174,159 @@ async fn lineage(
 ) -> Answer {
     let p = app.reader(&headers).await?;
     app.ready()?;
-    let q = Params::new(q, &["project"])?;
+    let q = Params::new(q, &["project", "filter", "layout"])?;
     let project = q.get("project");
-    let mut t = app.view.write();
-    let ids: Vec<String> = t
-        .specs
-        .keys()
-        .filter(|id| visible(&p, &t, id))
-        .filter(|id| project.is_none_or(|pr| owner_of(&t, id).as_deref() == Some(pr)))
-        .cloned()
+    // A substring of a dependency's id or of an input's or product's key: the
+    // dependencies that match, with their edges.
+    let filter = q.get("filter").filter(|f| !f.is_empty());
+    let layout = match q.get("layout") {
+        None => false,
+        Some("layered") => true,
+        Some(other) => return Err(bad(format!("layout must be `layered`, not {other:?}"))),
+    };
+    let now = sluice_kit::clock::now_ms();
+    let (mut nodes, edges, ids) = {
+        let mut t = app.view.write();
+        let ids: Vec<String> = t
+            .specs
+            .keys()
+            .filter(|id| visible(&p, &t, id))
+            .filter(|id| project.is_none_or(|pr| owner_of(&t, id).as_deref() == Some(pr)))
+            .cloned()
+            .collect();
+        let mut assets: BTreeMap<AssetKey, &'static str> = BTreeMap::new();
+        let mut stale: BTreeSet<AssetKey> = BTreeSet::new();
+        let mut nodes = Vec::new();
+        let mut edges = Vec::new();
+        let mut shown = Vec::new();
+        for id in ids {
+            let refused = t.refusal(&id);
+            let Some(Ok(s)) = t.specs.get(&id).map(|e| &e.spec) else {
+                continue;
+            };
+            let inputs = s.condition.inputs();
+            if let Some(f) = filter
+                && !id.contains(f)
+                && !inputs
+                    .iter()
+                    .copied()
+                    .chain(s.produces.as_ref())
+                    .any(|a| a.as_str().contains(f))
+            {
+                continue;
+            }
+            let progress = t.progress.get(&id);
+            nodes.push(json!({
+                "kind": "dependency", "id": id, "project": s.owner_project,
+                "status": if refused.is_some() { "refused" } else { "accepted" },
+                "paused": s.paused,
+                "last_triggered_ms": progress.and_then(|p| p.last_triggered_ms),
+            }));
+            for (input, bound) in s.condition.freshness_bounds() {
+                if t.assets.get(input).is_some_and(|(st, _)| {
+                    sluice_core::condition::stale_commit(st, bound, now).is_some()
+                }) {
+                    stale.insert(input.clone());
+                }
+            }
+            for input in inputs {
+                assets.entry(input.clone()).or_insert("reads");
+                edges.push(json!({"from": input, "to": id, "kind": "reads"}));
+            }
+            if let Some(out) = &s.produces {
+                assets.insert(out.clone(), "produced");
+                edges.push(json!({"from": id, "to": out, "kind": "produces"}));
+            }
+            shown.push(id);
+        }
+        for a in assets.keys() {
+            let state = t.assets.get(a).map(|(s, _)| s);
+            nodes.push(json!({
+                "kind": "asset", "id": a,
+                "sequence": state.and_then(|s| s.latest.as_ref().map(|c| c.sequence)),
+                "last_commit_ms": state.and_then(|s| s.latest.as_ref().map(|c| c.commit_time_ms)),
+                "stale": stale.contains(a),
+            }));
+        }
+        (nodes, edges, shown)
+    };
+    // Each dependency's last run, and what the UI colours by: a dependency by its
+    // status, an asset fresh, stale past a reader's fresh_within, failed (its
+    // producer's last run failed) or waiting for its first commit.
+    let last = db::last_runs(&app.pool, &ids).await?;
+    let mut producer_failed = BTreeSet::new();
+    for e in &edges {
+        if e["kind"] == "produces"
+            && last[e["from"].as_str().unwrap_or_default()]["status"] == "FAILED"
+        {
+            producer_failed.insert(e["to"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    for n in &mut nodes {
+        let id = n["id"].as_str().unwrap_or_default().to_owned();
+        if n["kind"] == "dependency" {
+            let run = &last[id.as_str()];
+            n["last_run_status"] = run["status"].clone();
+            n["last_trigger_key"] = run["trigger_key"].clone();
+            n["state"] = json!(match (
+                n["status"].as_str(),
+                n["paused"].as_bool(),
+                run["status"].as_str()
+            ) {
+                (Some("refused"), _, _) => "refused",
+                (_, Some(true), _) => "paused",
+                (_, _, Some("FAILED")) => "failed",
+                (_, _, Some("UNKNOWN")) => "unknown",
+                (_, _, Some("PENDING" | "RUNNING")) => "running",
+                _ => "waiting",
+            });
+        } else {
+            n["state"] = json!(if producer_failed.contains(&id) {
+                "failed"
+            } else if n["stale"] == true {
+                "stale"
+            } else if n["sequence"].is_null() {
+                "waiting"
+            } else {
+                "fresh"
+            });
+        }
+    }
+    if !layout {
+        return ok(json!({"nodes": nodes, "edges": edges}));
+    }
+    let names: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{}:{}",
+                n["kind"].as_str().unwrap_or_default(),
+                n["id"].as_str().unwrap_or_default()
+            )
+        })
         .collect();
-    let mut assets: BTreeSet<AssetKey> = BTreeSet::new();
-    let mut nodes = Vec::new();
-    let mut edges = Vec::new();
-    for id in ids {
-        let refused = t.refusal(&id);
-        let Some(Ok(s)) = t.specs.get(&id).map(|e| &e.spec) else {
-            continue;
-        };
-        let progress = t.progress.get(&id);
-        nodes.push(json!({
-            "kind": "dependency", "id": id, "project": s.owner_project,
-            "status": if refused.is_some() { "refused" } else { "accepted" },
-            "last_triggered_ms": progress.and_then(|p| p.last_triggered_ms),
-        }));
-        for input in s.condition.inputs() {
-            assets.insert(input.clone());
-            edges.push(json!({"from": input, "to": id, "kind": "reads"}));
-        }
-        if let Some(out) = &s.produces {
-            assets.insert(out.clone());
-            edges.push(json!({"from": id, "to": out, "kind": "produces"}));
+    let node_of = |kind: &str, id: &Value| format!("{kind}:{}", id.as_str().unwrap_or_default());
+    let pairs: Vec<(String, String)> = edges
+        .iter()
+        .map(|e| match e["kind"].as_str() {
+            Some("reads") => (
+                node_of("asset", &e["from"]),
+                node_of("dependency", &e["to"]),
+            ),
+            _ => (
+                node_of("dependency", &e["from"]),
+                node_of("asset", &e["to"]),
+            ),
+        })
+        .collect();
+    let placed = app.layouts.place(names.clone(), pairs).await?;
+    for (n, name) in nodes.iter_mut().zip(&names) {
+        if let Some((x, y)) = placed.at.get(name) {
+            n["x"] = json!(x);
+            n["y"] = json!(y);
         }
     }
-    for a in assets {
-        let state = t.assets.get(&a).map(|(s, _)| s);
-        nodes.push(json!({
-            "kind": "asset", "id": a,
-            "sequence": state.and_then(|s| s.latest.as_ref().map(|c| c.sequence)),
-            "last_commit_ms": state.and_then(|s| s.latest.as_ref().map(|c| c.commit_time_ms)),
-        }));
-    }
-    ok(json!({"nodes": nodes, "edges": edges}))
+    ok(json!({"nodes": nodes, "edges": edges, "width": placed.width, "height": placed.height}))
 }
 
 async fn events(

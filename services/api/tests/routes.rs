@@ -132,6 +132,7 @@ fn app_with(view: Arc<View>) -> App {
             timeout: Duration::from_millis(300),
         }),
         max_page: 500,
+        layouts: Default::default(),
     }
 }
 
