@@ -116,9 +116,25 @@ def main():
         expect(page.locator("#runs tr")).to_have_count(3, timeout=30_000)
         expect(page.locator("#runs")).to_contain_text("manual")
 
+        step("a backfill of two partitions from the page, with its progress")
+        page.fill("#backfill-partitions", "dt=2026-11-01,dt=2026-11-02")
+        page.click('button[data-action="backfill"]')
+        expect(page.locator("#toast")).to_contain_text("2 items")
+        expect(page.locator("#backfills tr")).to_have_count(2)
+        expect(page.locator("#backfills .progress")).to_contain_text("/2 succeeded")
+
+        step("a run's page: its snapshot combination and transitions")
+        page.locator("#runs a").last.click()
+        expect(page.locator("#inputs")).to_contain_text("lake.ods.payment_latest")
+        expect(page.locator("#transitions tr")).not_to_have_count(1)
+        shot(page, "run")
+
         step("the runs page lists every run")
         page.click('a[data-nav="runs"]')
-        expect(page.locator("table tr")).to_have_count(3)
+        expect(page.locator("table tr")).to_have_count(5)  # two runs and two backfill items
+        page.fill("#runs-dependency", "ads_gmv_dashboard")
+        page.keyboard.press("Enter")
+        expect(page.locator("table tr")).to_have_count(1)
         shot(page, "runs")
         assert not errors, f"script errors in the page: {errors}"
         browser.close()

@@ -1164,7 +1164,35 @@ async fn get_run(
             p.name
         )));
     }
+    let mut run = run;
+    run["target_url"] = target_url(&app, &run).map_or(Value::Null, Value::String);
     ok(run)
+}
+
+/// Where a person sees the run at its target: for an Airflow target declared
+/// through the API, the dag run's page in Airflow's UI (a bootstrap target's URL
+/// is the dispatcher's configuration, unknown here).
+fn target_url(app: &App, run: &Value) -> Option<String> {
+    if run["target_kind"] != "AIRFLOW" {
+        return None;
+    }
+    let name = run["target_name"].as_str()?;
+    let run_id = run["external_id"].as_str()?;
+    let doc = app
+        .targets
+        .get(&format!("airflow/{name}"))
+        .or_else(|| app.targets.get("airflow/*"))?
+        .ok()?;
+    let url = serde_json::from_str::<Value>(&doc).ok()?["url"]
+        .as_str()?
+        .trim_end_matches('/')
+        .to_owned();
+    let dag = run["target_parameters"]["dag_id"].as_str().unwrap_or(name);
+    Some(format!(
+        "{url}/dags/{}/runs/{}",
+        sluice_kit::uri::component(dag),
+        sluice_kit::uri::component(run_id)
+    ))
 }
 
 async fn lineage(
@@ -1221,6 +1249,8 @@ async fn lineage(
                 "status": if refused.is_some() { "refused" } else { "accepted" },
                 "paused": s.paused,
                 "last_triggered_ms": progress.and_then(|p| p.last_triggered_ms),
+                // A quiet period or minimum interval runs: it fires then.
+                "fire_at_ms": progress.and_then(|p| p.fire_at_ms),
             }));
             for (input, bound) in s.condition.freshness_bounds() {
                 if t.assets.get(input).is_some_and(|(st, _)| {
@@ -1278,6 +1308,7 @@ async fn lineage(
                 (_, _, Some("FAILED")) => "failed",
                 (_, _, Some("UNKNOWN")) => "unknown",
                 (_, _, Some("PENDING" | "RUNNING")) => "running",
+                _ if n["fire_at_ms"].is_i64() => "pending",
                 _ => "waiting",
             });
         } else {

@@ -1,5 +1,5 @@
 // Sluice's web UI: a page per route (#/graph, #/asset/KEY, #/dep/ID, #/runs,
-// #/notifications), every answer from sluice-api's own routes, kept live by its
+// #/run/KEY, #/notifications), every answer from sluice-api's own routes, kept live by its
 // event stream. No build step and nothing from a CDN: this file, app.css and
 // index.html are compiled into sluice-api (docs/decisions/0005-web-ui.md).
 
@@ -153,7 +153,7 @@ function started() {
 
 // ---- pages ---------------------------------------------------------------
 
-const COLOURS = ['fresh', 'waiting', 'stale', 'failed', 'running', 'paused', 'refused', 'unknown'];
+const COLOURS = ['fresh', 'waiting', 'pending', 'stale', 'failed', 'running', 'paused', 'refused', 'unknown'];
 let graphView = null; // the graph's viewBox, kept across live redraws
 
 async function graphPage(params) {
@@ -253,29 +253,57 @@ async function assetPage(key) {
   ];
 }
 
-/** The explain tree: every leaf satisfied or not, with its reason. */
-function tree(n) {
+/** The explain tree: every leaf satisfied or not, with its reason; a shut
+ *  `schema_unchanged` leaf offers the schema acknowledgement (`ack`). */
+function tree(n, ack) {
   const ok = n.satisfied ? 'ok' : 'no';
   if (n.node === 'all' || n.node === 'any') {
-    return h('li', { class: ok }, `${n.node} of`, h('ul', { class: 'tree' }, (n.children ?? []).map(tree)));
+    return h('li', { class: ok }, `${n.node} of`, h('ul', { class: 'tree' }, (n.children ?? []).map((c) => tree(c, ack))));
   }
   return h('li', { class: ok, 'data-asset': n.asset }, h('a', { href: `#/asset/${enc(n.asset)}` }, n.asset),
     h('ul', { class: 'tree' }, (n.checks ?? []).map((c) => h('li', { class: `leaf ${c.satisfied ? 'ok' : 'no'}`, 'data-predicate': c.predicate },
-      h('b', {}, c.predicate), ': ', h('span', { class: 'reason' }, c.reason ?? '')))));
+      h('b', {}, c.predicate), ': ', h('span', { class: 'reason' }, c.reason ?? ''),
+      !c.satisfied && c.predicate === 'schema_unchanged' ? [' ', ack(n.asset)] : null))));
+}
+
+/** A backfill's progress as one line. */
+function progress(b) {
+  const p = b.progress ?? {};
+  return `${p.succeeded ?? 0}/${p.total ?? b.items_total} succeeded · ${p.running ?? 0} running · ${p.failed ?? 0} failed · ${p.pending ?? 0} pending · ${p.cancelled ?? 0} cancelled`;
 }
 
 async function depPage(id) {
-  const [d, e, runs] = await Promise.all([
+  const [d, e, runs, backfills] = await Promise.all([
     api('GET', `/v1/dependencies/${enc(id)}`),
     api('GET', `/v1/dependencies/${enc(id)}/explain`),
     api('GET', `/v1/runs?dependency=${enc(id)}&limit=20`),
+    api('GET', `/v1/backfills?dependency=${enc(id)}&limit=10`),
   ]);
   const project = d.owner_project;
   const reason = h('input', { id: 'reason', placeholder: 'reason (recorded with the action)', size: 40 });
   const say = () => ({ reason: reason.value || undefined });
   const timer = e.timers?.fire_at_ms ? h('p', {}, `fires at ${when(e.timers.fire_at_ms)} (in ${Math.max(0, e.timers.fire_at_ms - Date.now())} ms)`) : null;
+  const ack = (asset) => action('Accept the new schema', 'operator', project, async () => {
+    const v = await api('POST', `/v1/dependencies/${enc(id)}/acknowledge-schema`, { input: asset, reason: reason.value || 'accepted in the web UI' });
+    return v.changed === false ? 'nothing was shut' : `${asset}'s schema accepted for ${id}`;
+  });
+  const parts = h('input', { id: 'backfill-partitions', placeholder: 'partitions: dt=2026-11-01,dt=2026-11-02', size: 40 });
+  const from = h('input', { id: 'backfill-from', placeholder: 'or from dt=2026-11-01', size: 18 });
+  const to = h('input', { id: 'backfill-to', placeholder: 'to dt=2026-11-30', size: 18 });
+  const backfill = action('Backfill', 'operator', project, async () => {
+    const range = parts.value.trim()
+      ? { partitions: parts.value.split(',').map((x) => x.trim()).filter(Boolean) }
+      : { partition_range: { from: from.value.trim(), to: to.value.trim() } };
+    const v = await api('POST', `/v1/dependencies/${enc(id)}/backfills`, { ...range, ...say() });
+    return `backfill ${v.backfill_id}: ${v.items} items${v.resubmitted ? ' (resubmitted: nothing new)' : ''}`;
+  });
+  const backfillRows = (backfills.items ?? []).map((b) => h('tr', { 'data-backfill': b.backfill_id },
+    h('td', { class: 'mono' }, b.backfill_id), h('td', {}, pill(b.state)), h('td', { class: 'progress' }, progress(b)),
+    h('td', {}, b.requested_by), h('td', {}, b.state === 'running'
+      ? action('Cancel', 'operator', project, async () => { await api('POST', `/v1/backfills/${enc(b.backfill_id)}/cancel`, say()); return `${b.backfill_id} cancelled`; })
+      : '')));
   const runRows = (runs.items ?? []).map((r) => h('tr', {},
-    h('td', { class: 'mono' }, r.trigger_key), h('td', {}, pill(r.status ?? 'PENDING')), h('td', {}, r.origin), h('td', {}, r.attempt),
+    h('td', { class: 'mono' }, h('a', { href: `#/run/${r.trigger_key}` }, r.trigger_key)), h('td', {}, pill(r.status ?? 'PENDING')), h('td', {}, r.origin), h('td', {}, r.attempt),
     h('td', {}, `${r.target_kind}/${r.target_name}`, r.external_id ? h('div', { class: 'muted mono' }, r.external_id) : ''),
     h('td', {}, when(r.requested_ms)), h('td', { class: 'reason' }, r.status_reason ?? r.reason)));
   return [
@@ -290,26 +318,60 @@ async function depPage(id) {
       }),
       h('span', { class: 'muted' }, `project ${project} · version ${d.version}`)),
     h('div', { class: 'card', id: 'explain' }, h('b', {}, e.summary ?? ''), timer,
-      h('ul', { class: 'tree' }, tree(e.condition)),
+      h('ul', { class: 'tree' }, tree(e.condition, ack)),
       e.last_trigger_key ? h('p', { class: 'muted' }, `last trigger ${e.last_trigger_key}`) : null),
     h('h2', {}, 'Runs'),
     h('table', { id: 'runs' }, h('tr', {}, ['trigger key', 'status', 'origin', 'attempt', 'target', 'requested', 'reason'].map((c) => h('th', {}, c))), runRows),
+    h('h2', {}, 'Backfills'),
+    h('div', { class: 'toolbar' }, parts, from, to, backfill),
+    h('table', { id: 'backfills' }, h('tr', {}, ['backfill', 'state', 'progress', 'by', ''].map((c) => h('th', {}, c))), backfillRows),
     h('h2', {}, 'Spec'), h('pre', { class: 'card mono' }, JSON.stringify(d.spec, null, 2)),
   ];
 }
 
+async function runPage(key) {
+  const r = await api('GET', `/v1/runs/${enc(key)}`);
+  const inputs = (r.inputs ?? []).map((i) => h('tr', {},
+    h('td', {}, h('a', { href: `#/asset/${enc(i.asset)}` }, i.asset)), h('td', { class: 'mono' }, i.snapshot_id), h('td', {}, i.sequence), h('td', {}, when(i.watermark_ms))));
+  const steps = (r.transitions ?? []).map((t) => h('tr', {},
+    h('td', {}, when(t.at_ms)), h('td', {}, pill(t.status)), h('td', {}, t.attempt), h('td', {}, t.revision),
+    h('td', { class: 'mono' }, t.invocation_id ?? ''), h('td', { class: 'mono' }, t.external_id ?? ''), h('td', { class: 'reason' }, t.reason ?? '')));
+  return [
+    h('h1', {}, 'Run ', h('span', { class: 'mono' }, key), ' ', pill(r.status ?? 'PENDING')),
+    h('div', { class: 'card' }, fields(r, [
+      ['dependency', h('a', { href: `#/dep/${enc(r.dependency_id)}` }, r.dependency_id)], ['version', r.dependency_version],
+      ['origin', `${r.origin}${r.requested_by ? ` by ${r.requested_by}` : ''}`], ['re-run of', r.rerun_of ? h('a', { href: `#/run/${r.rerun_of}` }, r.rerun_of) : null],
+      ['target', `${r.target_kind?.toLowerCase()}/${r.target_name}`],
+      ['at the target', r.target_url ? h('a', { href: r.target_url, target: '_blank', rel: 'noopener', id: 'target-link' }, r.external_id) : r.external_id],
+      ['partition', r.partition], ['reason', r.reason], ['requested', when(r.requested_ms)], ['first commit', when(r.first_commit_ms)],
+    ])),
+    h('h2', {}, 'Snapshot combination'),
+    h('table', { id: 'inputs' }, h('tr', {}, ['input', 'snapshot', 'sequence', 'watermark'].map((c) => h('th', {}, c))), inputs),
+    h('h2', {}, 'Transitions'),
+    h('table', { id: 'transitions' }, h('tr', {}, ['at', 'status', 'attempt', 'revision', 'invocation', 'external id', 'reason'].map((c) => h('th', {}, c))), steps),
+  ];
+}
+
 async function runsPage(params) {
-  const status = params.get('status') ?? '';
-  const [runs, deps] = await Promise.all([
-    api('GET', `/v1/runs?limit=200${status ? `&status=${enc(status)}` : ''}`),
-    api('GET', '/v1/dependencies?limit=1000'),
-  ]);
+  const want = Object.fromEntries(['status', 'target', 'dependency', 'project', 'since'].map((k) => [k, params.get(k) ?? '']));
+  const q = new URLSearchParams({ limit: '500' });
+  for (const k of ['status', 'target', 'dependency']) if (want[k]) q.set(k, want[k]);
+  const [runs, deps] = await Promise.all([api('GET', `/v1/runs?${q}`), api('GET', '/v1/dependencies?limit=1000')]);
   const owner = new Map((deps.items ?? []).map((d) => [d.id, d.owner_project]));
-  const pick = h('select', { id: 'status', onchange: () => { location.hash = `#/runs?status=${enc(pick.value)}`; } },
-    ['', 'UNKNOWN', 'FAILED', 'RUNNING', 'PENDING', 'SUCCEEDED', 'CANCELLED'].map((s) => h('option', { value: s, selected: s === status }, s || 'any status')));
+  const since = want.since ? Date.now() - Number(want.since) * 3600_000 : 0;
+  const items = (runs.items ?? []).filter((r) => (!want.project || owner.get(r.dependency_id) === want.project)
+    && (!since || (r.requested_ms ?? 0) >= since));
+  const go = () => { location.hash = `#/runs?${new URLSearchParams(Object.fromEntries(Object.entries(inputs).map(([k, el]) => [k, el.value])))}`; };
+  const pick = h('select', { id: 'status', onchange: go },
+    ['', 'UNKNOWN', 'FAILED', 'RUNNING', 'PENDING', 'SUCCEEDED', 'CANCELLED'].map((s) => h('option', { value: s, selected: s === want.status }, s || 'any status')));
+  const inputs = { status: pick };
+  for (const [k, hint] of [['target', 'target name'], ['dependency', 'dependency'], ['project', 'project'], ['since', 'last N hours']]) {
+    inputs[k] = h('input', { id: `runs-${k}`, placeholder: hint, value: want[k], size: 12 });
+    inputs[k].addEventListener('keydown', (e) => e.key === 'Enter' && go());
+  }
   const project = (r) => owner.get(r.dependency_id) ?? '*';
-  const rows = (runs.items ?? []).map((r) => h('tr', {},
-    h('td', { class: 'mono' }, r.trigger_key), h('td', {}, h('a', { href: `#/dep/${enc(r.dependency_id)}` }, r.dependency_id)),
+  const rows = items.map((r) => h('tr', {},
+    h('td', { class: 'mono' }, h('a', { href: `#/run/${r.trigger_key}` }, r.trigger_key)), h('td', {}, h('a', { href: `#/dep/${enc(r.dependency_id)}` }, r.dependency_id)),
     h('td', {}, pill(r.status ?? 'PENDING')), h('td', {}, `${r.target_kind}/${r.target_name}`), h('td', {}, when(r.requested_ms)),
     h('td', {}, r.status === 'UNKNOWN'
       ? ['succeeded', 'failed', 'retry'].map((o) => action(`Settle ${o}`, 'operator', project(r), async () => {
@@ -324,7 +386,8 @@ async function runsPage(params) {
           return `re-run ${v.trigger_key} requested`;
         })
         : '')));
-  return [h('h1', {}, 'Runs'), h('div', { class: 'toolbar' }, pick, h('span', { class: 'muted' }, 'UNKNOWN first: they wait for a person')),
+  return [h('h1', {}, 'Runs'), h('div', { class: 'toolbar' }, Object.values(inputs), h('button', { onclick: go }, 'Filter'),
+    h('span', { class: 'muted' }, 'UNKNOWN first: they wait for a person')),
     h('table', {}, h('tr', {}, ['trigger key', 'dependency', 'status', 'target', 'requested', ''].map((c) => h('th', {}, c))), rows)];
 }
 
@@ -358,6 +421,7 @@ async function refresh() {
       case 'asset': page = await assetPage(decodeURIComponent(parts.slice(1).join('/'))); break;
       case 'dep': page = await depPage(decodeURIComponent(parts.slice(1).join('/'))); break;
       case 'runs': page = await runsPage(params); break;
+      case 'run': page = await runPage(decodeURIComponent(parts[1] ?? '')); break;
       case 'notifications': page = await notificationsPage(); break;
       case 'signin': page = signInPage(); break;
       default: page = await graphPage(params);
