@@ -16,6 +16,10 @@ use sluice_integration_tests::{eventually, unique, venv_bin};
 
 const OPERATOR: &str = "gmv-operator-token-0123456789";
 const VIEWER: &str = "gmv-viewer-token-0123456789";
+const ALL_VIEWER: &str = "all-viewer-token-0123456789";
+/// The large graph: this many dependencies, each reading four assets and producing
+/// a fifth — 5,000 assets.
+const BULK: usize = 1_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ui_shows_the_gmv_cascade_live_and_acts_by_role() {
@@ -23,6 +27,7 @@ async fn the_ui_shows_the_gmv_cascade_live_and_acts_by_role() {
     let tokens = sluice_integration_tests::api::tokens_file(&[
         ("gmv-operator", OPERATOR, json!({"gmv": "operator"})),
         ("gmv-viewer", VIEWER, json!({"gmv": "viewer"})),
+        ("all-viewer", ALL_VIEWER, json!({"*": "viewer"})),
     ]);
     let mut p = Pipeline::new(2, &[]).await;
     let api = p.start_all_with_api(tokens, OPERATOR).await;
@@ -80,4 +85,54 @@ async fn the_ui_shows_the_gmv_cascade_live_and_acts_by_role() {
     ] {
         assert!(shots.join(format!("{name}.png")).exists(), "{name}.png");
     }
+
+    // 5,000 assets: published straight to the dependencies topic (the CLI's
+    // bootstrap path), then the graph must stay usable in the browser.
+    let bulk: Vec<Value> = (0..BULK)
+        .map(|d| {
+            let inputs: Vec<Value> = (0..4)
+                .map(|k| json!({"input": {"asset": format!("lake.bulk.in_{d:04}_{k}")}}))
+                .collect();
+            json!({"id": format!("bulk_{d:04}"), "version": 1, "owner_project": "bulk",
+                   "target": {"kind": "webhook", "name": "bulk"},
+                   "condition": {"all": inputs}, "produces": format!("lake.bulk.out_{d:04}")})
+        })
+        .collect();
+    let file = shots.join("bulk.json");
+    std::fs::write(&file, Value::Array(bulk).to_string()).expect("bulk specs");
+    let out = p.cli(&["apply", &file.to_string_lossy()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            let (_, v) = api
+                .call(
+                    "GET",
+                    "/v1/dependencies?project=bulk&limit=1000",
+                    ALL_VIEWER,
+                    None,
+                )
+                .await;
+            v["items"].as_array().is_some_and(|a| a.len() == BULK)
+        })
+        .await,
+        "the bulk specs read by the API"
+    );
+    let out = tokio::process::Command::new(&python)
+        .arg(root.join("ui/check_big_graph.py"))
+        .args([&api.base, ALL_VIEWER, &BULK.to_string()])
+        .arg(&shots)
+        .output()
+        .await
+        .expect("run check_big_graph.py");
+    let said = String::from_utf8_lossy(&out.stdout);
+    println!("{said}");
+    assert!(
+        out.status.success(),
+        "the large graph:\n{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::message::{BorrowedMessage, Message};
 use serde::Serialize;
-use sluice_core::dependency::cycle_verdict;
+use sluice_core::dependency::cycle_verdicts;
 use sluice_core::{AssetKey, AssetState, DependencySpec, Progress};
 use sluice_kit::grants::SharedGrants;
 use sluice_kit::wire::{ProgressRecord, RunRecord, StateRecord, WireSpec};
@@ -61,7 +61,7 @@ impl Tables {
     }
 
     /// The cycle verdicts of the whole set in append order, as every resolver
-    /// instance reaches them ([`cycle_verdict`]).
+    /// instance reaches them ([`cycle_verdicts`]).
     fn cycle_refusals(&mut self) -> &HashMap<String, String> {
         if self.refused.is_none() {
             let mut producing: Vec<(&Order, &DependencySpec)> = self
@@ -73,9 +73,10 @@ impl Tables {
                 })
                 .collect();
             producing.sort_by_key(|(o, _)| **o);
+            let ordered: Vec<&DependencySpec> = producing.iter().map(|(_, s)| *s).collect();
             let mut refused = HashMap::new();
-            for (i, (_, s)) in producing.iter().enumerate() {
-                if let Err(e) = cycle_verdict(producing[..i].iter().map(|(_, s)| *s), s) {
+            for (s, verdict) in ordered.iter().zip(cycle_verdicts(&ordered)) {
+                if let Err(e) = verdict {
                     refused.insert(s.id.clone(), e.to_string());
                 }
             }

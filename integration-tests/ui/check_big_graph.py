@@ -1,0 +1,84 @@
+"""The asset graph with thousands of assets stays usable in a real headless
+Chromium: it draws, pans and zooms without freezing the tab, and a filter finds
+one dependency's neighbourhood at once.
+
+    check_big_graph.py BASE_URL TOKEN DEPENDENCIES SHOTS_DIR
+
+The Rust test (tests/ui.rs) declared DEPENDENCIES dependencies of project
+`bulk`, each reading four assets and producing a fifth. Prints the figures it
+measured; exits non-zero with the reason when one is out of bounds.
+"""
+
+import os
+import sys
+import time
+
+from playwright.sync_api import expect, sync_playwright
+
+BASE, TOKEN, DEPS, SHOTS = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# What "usable" means here: drawn within this, and each pan or zoom handled within this.
+DRAW_S = 45.0
+INTERACTION_MS = 500.0
+
+
+def main():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=os.environ.get("SLUICE_TEST_CHROMIUM", "/usr/bin/chromium"),
+            headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 860})
+        page.goto(f"{BASE}/ui/#/signin")
+        page.fill("#token", TOKEN)
+        page.click("#signin")
+        expect(page.locator("#who")).not_to_be_empty()
+        start = time.monotonic()
+        page.goto(f"{BASE}/ui/#/graph?project=bulk")
+        expect(page.locator("#graph .node.dep")).to_have_count(DEPS, timeout=DRAW_S * 1000)
+        expect(page.locator("#graph .node.asset")).to_have_count(5 * DEPS)
+        drawn = time.monotonic() - start
+        print(f"[big] {6 * DEPS} nodes drawn in {drawn:.1f} s (layout included)", flush=True)
+        # Each interaction: the time from the event to the next frame.
+        timings = page.evaluate("""async () => {
+            const g = document.getElementById('graph');
+            const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
+            const out = [];
+            for (let i = 0; i < 5; i++) {
+                const t = performance.now();
+                g.dispatchEvent(new WheelEvent('wheel', {deltaY: i % 2 ? 120 : -120, bubbles: true, cancelable: true}));
+                await frame();
+                out.push(performance.now() - t);
+            }
+            const r = g.getBoundingClientRect();
+            g.dispatchEvent(new PointerEvent('pointerdown', {clientX: r.x + 100, clientY: r.y + 100, bubbles: true}));
+            for (let i = 0; i < 5; i++) {
+                const t = performance.now();
+                g.dispatchEvent(new PointerEvent('pointermove', {clientX: r.x + 100 + 40 * i, clientY: r.y + 100 + 30 * i, bubbles: true}));
+                await frame();
+                out.push(performance.now() - t);
+            }
+            window.dispatchEvent(new PointerEvent('pointerup'));
+            return out;
+        }""")
+        worst = max(timings)
+        print(f"[big] pan and zoom: worst {worst:.0f} ms of {len(timings)} interactions", flush=True)
+        page.screenshot(path=os.path.join(SHOTS, "big-graph.png"))
+        start = time.monotonic()
+        page.fill("#filter", "bulk_0042")
+        page.keyboard.press("Enter")
+        expect(page.locator("#graph .node.dep")).to_have_count(1)
+        expect(page.locator("#graph .node.asset")).to_have_count(5)
+        print(f"[big] filtered to one dependency in {time.monotonic() - start:.1f} s", flush=True)
+        browser.close()
+        assert drawn < DRAW_S, f"drawn in {drawn:.1f} s"
+        assert worst < INTERACTION_MS, f"an interaction took {worst:.0f} ms"
+    print("[big] usable", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:
+        print(f"[big] FAILED: {e}", flush=True)
+        sys.exit(1)
