@@ -108,6 +108,7 @@ printf '\ntopics: %s{asset-events,asset-state,dependencies,resolver-progress,tri
   "$SLUICE_TOPIC_PREFIX" "$SLUICE_KAFKA_BOOTSTRAP"
 printf 'metrics: curl http://127.0.0.1:9102/metrics\n'
 printf 'API:     curl -H "Authorization: Bearer %s" %s/v1/dependencies/dwd_trade_event_fact/explain\n' "$API_TOKEN" "$SLUICE_API_URL"
+printf 'web UI:  %s/ui/ (sign in with the token %s)\n' "$SLUICE_API_URL" "$API_TOKEN"
 printf 'push a commit: curl -H "Authorization: Bearer %s" -d %s http://%s/v1/commits\n\n' \
   "$INGEST_TOKEN" "'{\"asset_key\": \"lake.ods.orders\", \"format\": \"iceberg\", \"snapshot_id\": 1, \"sequence\": 1, \"commit_time_ms\": 1764547200000}'" \
   "$SLUICE_INGEST_HTTP_ADDR"
