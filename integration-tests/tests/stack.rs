@@ -253,6 +253,37 @@ async fn postgresql_accepts_the_migrations_and_enforces_one_row_per_trigger_key(
         bad.is_err(),
         "a malformed trigger_key is refused by the schema"
     );
+    // A job that becomes UNKNOWN, then FAILED, is one notification event each, in
+    // the transition's own transaction, keyed by the job's revision.
+    sqlx::query("INSERT INTO jobs (trigger_key, dependency_id, status, target_kind, target_name) VALUES ($1, 'dep', 'PENDING', 'WEBHOOK', 'w')")
+        .bind(key)
+        .execute(&pool)
+        .await
+        .expect("job");
+    for (status, revision) in [("UNKNOWN", 1), ("UNKNOWN", 1), ("FAILED", 2)] {
+        sqlx::query(
+            "UPDATE jobs SET status = $2, revision = $3, reason = 'test' WHERE trigger_key = $1",
+        )
+        .bind(key)
+        .bind(status)
+        .bind(revision)
+        .execute(&pool)
+        .await
+        .expect("transition");
+    }
+    let events: Vec<(String, String)> =
+        sqlx::query_as("SELECT event_key, kind FROM notification_events ORDER BY at")
+            .fetch_all(&pool)
+            .await
+            .expect("events");
+    assert_eq!(
+        events,
+        [
+            (format!("job_unknown:{key}:1"), "job_unknown".to_owned()),
+            (format!("run_failed:{key}:2"), "run_failed".to_owned())
+        ],
+        "one event per transition into UNKNOWN or FAILED, none for the same status again"
+    );
     let epoch1 = sluice_dispatcher::take_epoch(&pool, "a")
         .await
         .expect("epoch");
