@@ -9,6 +9,7 @@ is not as a user should see it. Screenshots go to SHOTS_DIR.
 """
 
 import json
+import re
 import os
 import sys
 import urllib.request
@@ -66,6 +67,13 @@ def main():
         expect(page.locator('#graph .node[data-id="lake.ods.payment_latest"]')).to_have_attribute("data-state", "waiting")
         expect(page.locator("#live")).to_have_text("● live")
         shot(page, "graph")
+
+        step("an asset's page: its state, commits and what its readers wait for")
+        page.click('#graph .node[data-id="lake.ods.order_latest"]')
+        expect(page.locator("#readers")).to_contain_text("dwd_trade_event_fact")
+        expect(page.locator("#readers")).to_contain_text("lake.ods.payment_latest")
+        expect(page.locator("table")).to_contain_text(re.compile("push", re.IGNORECASE))
+        page.goto(f"{BASE}/ui/#/graph")
 
         step("the graph filters by name")
         page.fill("#filter", "gmv_daily")

@@ -232,6 +232,9 @@ async function assetPage(key) {
     api('GET', `/v1/assets/${enc(key)}/commits?limit=20`).catch((e) => ({ error: e.message })),
     api('GET', `/v1/assets/${enc(key)}/dependencies`),
   ]);
+  // What each reader waits for: the evaluator's own summary (the first 20 readers).
+  const readers = await Promise.all((uses.read_by ?? []).slice(0, 20).map((id) =>
+    api('GET', `/v1/dependencies/${enc(id)}/explain`).then((e) => [id, e.summary]).catch((e) => [id, e.message])));
   const l = a.latest ?? {};
   const rows = (commits.items ?? []).map((c) => h('tr', {},
     h('td', {}, c.sequence), h('td', { class: 'mono' }, c.snapshot_id), h('td', {}, c.operation), h('td', {}, c.source),
@@ -245,8 +248,8 @@ async function assetPage(key) {
       ['quality', a.quality ? a.quality.status : null], ['commits', `${a.commit_count} (${a.data_commit_count} data)`],
       ['partitions', (l.partitions ?? []).join(', ')],
     ])),
-    h('h2', {}, 'Read by'), h('div', { id: 'readers' }, (uses.read_by ?? []).map((d) => h('div', {}, link(d.id ?? d), ' ', d.waiting_for ? h('span', { class: 'reason' }, `waits for: ${d.waiting_for}`) : ''))),
-    h('h2', {}, 'Produced by'), h('div', {}, (uses.produced_by ?? []).map((d) => h('div', {}, link(d.id ?? d)))),
+    h('h2', {}, 'Read by'), h('div', { id: 'readers' }, readers.map(([id, summary]) => h('div', {}, link(id), ' — ', h('span', { class: 'reason' }, summary ?? '')))),
+    h('h2', {}, 'Produced by'), h('div', {}, (uses.produced_by ?? []).map((id) => h('div', {}, link(id)))),
     h('h2', {}, 'Recent commits'),
     commits.error ? h('p', { class: 'muted' }, commits.error)
       : h('table', {}, h('tr', {}, ['sequence', 'snapshot', 'operation', 'source', 'committed', 'partitions'].map((c) => h('th', {}, c))), rows),
