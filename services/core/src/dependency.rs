@@ -298,7 +298,7 @@ pub fn cycle_verdict<'a>(
 /// The verdicts on every spec of `ordered` (the append order, oldest first), as
 /// [`cycle_verdict`] reaches each, in one pass: each spec is checked once against
 /// those standing before it, so the whole set costs about one walk per spec.
-pub fn cycle_verdicts<'a>(ordered: &[&'a DependencySpec]) -> Vec<Result<(), SpecError>> {
+pub fn cycle_verdicts(ordered: &[&DependencySpec]) -> Vec<Result<(), SpecError>> {
     let mut standing = Standing::default();
     ordered
         .iter()
