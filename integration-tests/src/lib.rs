@@ -189,6 +189,16 @@ pub fn free_port() -> u16 {
 }
 
 /// `GET path` on a loopback port; returns (status, body) or None if nothing answers.
+/// Serves `app` on a free loopback port for the rest of the test; the port.
+pub async fn serve(app: axum::Router) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await

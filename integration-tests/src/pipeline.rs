@@ -17,6 +17,9 @@ pub struct Pipeline {
     pub names: TopicNames,
     pub database_url: String,
     pub http_port: u16,
+    /// How every process of the run reaches Kafka: the local broker, or one with
+    /// TLS and SASL ([`Pipeline::with_kafka`]).
+    kafka_env: Vec<(String, String)>,
     env: BTreeMap<&'static str, Vec<(String, String)>>,
     running: BTreeMap<&'static str, (Child, u16)>,
     pub restarts: BTreeMap<&'static str, u32>,
@@ -36,10 +39,21 @@ impl Pipeline {
             names,
             database_url: fresh_database().await,
             http_port: free_port(),
+            kafka_env: vec![("SLUICE_KAFKA_BOOTSTRAP".into(), bootstrap())],
             env,
             running: BTreeMap::new(),
             restarts: BTreeMap::new(),
         }
+    }
+
+    /// Every process of the run (the services, the API, the CLI) reaches Kafka
+    /// with these settings instead: `SLUICE_KAFKA_BOOTSTRAP` and `SLUICE_RDKAFKA_*`.
+    pub fn with_kafka(mut self, env: &[(&str, String)]) -> Self {
+        self.kafka_env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        self
     }
 
     /// Adds a setting to one service (from its next start on).
@@ -77,14 +91,13 @@ impl Pipeline {
 
     /// The settings every service of this run gets (the `sluice` CLI too).
     pub fn common_env(&self) -> Vec<(String, String)> {
-        vec![
-            ("SLUICE_KAFKA_BOOTSTRAP".into(), bootstrap()),
-            ("SLUICE_TOPIC_PREFIX".into(), self.names.prefix.clone()),
-            (
-                "SLUICE_TOPIC_PARTITIONS".into(),
-                self.names.partitions.to_string(),
-            ),
-        ]
+        let mut env = self.kafka_env.clone();
+        env.push(("SLUICE_TOPIC_PREFIX".into(), self.names.prefix.clone()));
+        env.push((
+            "SLUICE_TOPIC_PARTITIONS".into(),
+            self.names.partitions.to_string(),
+        ));
+        env
     }
 
     fn spawn(&self, service: &'static str) -> (Child, u16) {

@@ -179,12 +179,7 @@ async fn serve(r: Shared) -> u16 {
             get(ds_instance),
         )
         .with_state(r);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    port
+    sluice_integration_tests::serve(app).await
 }
 
 /// The API token of the re-run in the Airflow test (an admin of every project:

@@ -93,12 +93,7 @@ impl Receiver {
         ] {
             app = app.route(path, record(path, self.clone()));
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        port
+        sluice_integration_tests::serve(app).await
     }
 }
 

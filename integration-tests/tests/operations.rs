@@ -112,12 +112,7 @@ impl Receiver {
             .route("/fragile", record("/fragile", self.clone()))
             .route("/slow", record("/slow", self.clone()))
             .route("/late", record("/late", self.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        port
+        sluice_integration_tests::serve(app).await
     }
 }
 

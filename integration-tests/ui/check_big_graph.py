@@ -15,9 +15,9 @@ import time
 
 from playwright.sync_api import expect, sync_playwright
 
+from browser import launch, sign_in
+
 BASE, TOKEN, DEPS, SHOTS = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # What "usable" means here: drawn within this, and each pan or zoom handled within this.
 DRAW_S = 45.0
 INTERACTION_MS = 500.0
@@ -25,14 +25,9 @@ INTERACTION_MS = 500.0
 
 def main():
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=os.environ.get("SLUICE_TEST_CHROMIUM", "/usr/bin/chromium"),
-            headless=True, args=ARGS)
+        browser = launch(p)
         page = browser.new_page(viewport={"width": 1400, "height": 860})
-        page.goto(f"{BASE}/ui/#/signin")
-        page.fill("#token", TOKEN)
-        page.click("#signin")
-        expect(page.locator("#who")).not_to_be_empty()
+        sign_in(page, BASE, TOKEN)
         start = time.monotonic()
         page.goto(f"{BASE}/ui/#/graph?project=bulk")
         expect(page.locator("#graph .node.dep")).to_have_count(DEPS, timeout=DRAW_S * 1000)

@@ -16,11 +16,10 @@ import urllib.request
 
 from playwright.sync_api import expect, sync_playwright
 
+from browser import launch, sign_in
+
 BASE, VIEWER, OPERATOR, PUSH_URL, PUSH_TOKEN, SHOTS = sys.argv[1:7]
 DEP = "dwd_trade_event_fact"
-# Chromium's own connections have nowhere to go on an offline machine.
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def step(text):
@@ -41,25 +40,16 @@ def push(asset, seq):
         assert r.status < 300, r.status
 
 
-def sign_in(page, token):
-    page.goto(f"{BASE}/ui/#/signin")
-    page.fill("#token", token)
-    page.click("#signin")
-    expect(page.locator("#who")).not_to_be_empty()
-
-
 def main():
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=os.environ.get("SLUICE_TEST_CHROMIUM", "/usr/bin/chromium"),
-            headless=True, args=ARGS)
+        browser = launch(p)
         page = browser.new_page(viewport={"width": 1400, "height": 860})
         page.set_default_timeout(15_000)
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
 
         step("a viewer signs in and sees the asset graph: 5 assets, 3 dependencies")
-        sign_in(page, VIEWER)
+        sign_in(page, BASE, VIEWER)
         page.goto(f"{BASE}/ui/#/graph")
         expect(page.locator("#graph .node.asset")).to_have_count(5)
         expect(page.locator("#graph .node.dep")).to_have_count(3)
@@ -107,7 +97,7 @@ def main():
 
         step("an operator pauses, resumes and runs it now")
         page.click("#signout")
-        sign_in(page, OPERATOR)
+        sign_in(page, BASE, OPERATOR)
         page.goto(f"{BASE}/ui/#/dep/{DEP}")
         page.fill("#reason", "maintenance window")
         page.click('button[data-action="pause"]')

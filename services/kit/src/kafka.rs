@@ -5,13 +5,15 @@
 //! the defaults below.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::FromClientConfigAndContext;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::BaseProducer;
 
 use crate::config::Env;
 
@@ -133,6 +135,51 @@ impl KafkaOptions {
             &self.finish(self.base(client_id)),
             DefaultClientContext,
         )
+    }
+
+    /// A client that only connects, so that [`Refusals`] sees the broker refuse
+    /// our credentials: poll it (an admin client serves no callbacks).
+    pub fn probe(&self, client_id: &str) -> Result<BaseProducer<Refusals>, KafkaError> {
+        BaseProducer::from_config_and_context(
+            &self.finish(self.base(client_id)),
+            Refusals::default(),
+        )
+    }
+}
+
+/// A client context that keeps the first refusal of our credentials or of the
+/// TLS handshake (a wrong SASL password, an unknown mechanism, a certificate the CA
+/// does not sign). librdkafka reports these through the error callback and keeps
+/// retrying, so a start-up that waits for the broker would wait for ever; the
+/// services' start fails with this reason instead.
+#[derive(Default)]
+pub struct Refusals {
+    first: Mutex<Option<String>>,
+}
+
+impl Refusals {
+    pub fn refusal(&self) -> Option<String> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl rdkafka::producer::ProducerContext for Refusals {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+impl ClientContext for Refusals {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::error!(error = %error, "librdkafka: {reason}");
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SSL)
+        ) {
+            self.first
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| reason.to_owned());
+        }
     }
 }
 

@@ -4,6 +4,8 @@ use std::future::Future;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use rdkafka::producer::Producer as _;
+
 use crate::backoff::Backoff;
 use crate::config::{Common, ConfigErrors};
 use crate::health::Health;
@@ -80,6 +82,10 @@ pub enum StartError {
     Topics(#[from] topics::BootstrapError),
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(
+        "the broker refused this service (check SLUICE_RDKAFKA_SASL_* and SLUICE_RDKAFKA_SSL_*): {0}"
+    )]
+    Refused(String),
     #[error("admin server on {addr}: {source}")]
     Admin {
         addr: std::net::SocketAddr,
@@ -118,15 +124,33 @@ pub async fn start(
         common.service, common.instance
     ))?;
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    // A broker that refuses our credentials is an error to report, not an outage
+    // to wait out.
+    let probe = common.kafka.probe(&format!(
+        "sluice-{}-{}-probe",
+        common.service, common.instance
+    ))?;
+    let refused = || async {
+        loop {
+            probe.poll(Duration::ZERO);
+            if let Some(why) = probe.context().refusal() {
+                return why;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
     loop {
-        match topics::bootstrap(
+        let attempt = topics::bootstrap(
             &admin,
             &common.topics,
             topics_needed,
             common.kafka.request_timeout,
-        )
-        .await
-        {
+        );
+        let result = tokio::select! {
+            r = attempt => r,
+            why = refused() => return Err(StartError::Refused(why)),
+        };
+        match result {
             Ok(()) => break,
             Err(e @ topics::BootstrapError::NotCompacted { .. }) => return Err(e.into()),
             Err(e) if !shutdown.is_stopping() => {

@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
 use crate::config::Env;
@@ -168,8 +167,8 @@ pub enum BootstrapError {
 }
 
 /// Creates the missing topics of `which` and checks every one of them.
-pub async fn bootstrap(
-    admin: &AdminClient<DefaultClientContext>,
+pub async fn bootstrap<C: rdkafka::client::ClientContext + 'static>(
+    admin: &AdminClient<C>,
     names: &TopicNames,
     which: &[Topic],
     timeout: Duration,
