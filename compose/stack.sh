@@ -172,6 +172,7 @@ start_pg() {
     as_pg "$bin/initdb" -D "$PG_HOME/data" -U "$PG_USER" --auth=trust -E UTF8 >"$PG_HOME/initdb.log" 2>&1 \
       || { cat "$PG_HOME/initdb.log" >&2; die "initdb failed"; }
   fi
+  pg_tls
   if pg_running; then
     say "postgresql already running"
   else
@@ -179,13 +180,31 @@ start_pg() {
     say "starting postgresql on 127.0.0.1:$PG_PORT"
     # max_connections: every test creates its own database and pool.
     as_pg "$bin/pg_ctl" -D "$PG_HOME/data" -l "$PG_HOME/server.log" -w -t 60 \
-      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $PG_HOME/run -c max_connections=300" start >&2 \
+      -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $PG_HOME/run -c max_connections=300 \
+          -c ssl=on -c ssl_cert_file=$PG_HOME/tls/server.pem -c ssl_key_file=$PG_HOME/tls/server.key" start >&2 \
       || { tail -n 30 "$PG_HOME/server.log" >&2; die "postgresql failed to start"; }
   fi
   if ! psql -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -tAc \
       "select 1 from pg_database where datname='$PG_DB'" | grep -q 1; then
     psql -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -qc "create database $PG_DB" >&2
   fi
+}
+
+# A CA and a server certificate for 127.0.0.1, made once: the server takes TLS
+# (and plaintext) connections, so the tests can check `sslmode=verify-full`.
+pg_tls() {
+  local tls="$PG_HOME/tls"
+  [[ -f $tls/server.pem ]] && return 0
+  mkdir -p "$tls"
+  (cd "$tls" \
+    && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 3650 -subj "/CN=sluice-stack-ca" \
+    && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=127.0.0.1" \
+    && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >san.ext \
+    && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 3650 -extfile san.ext) \
+    >"$PG_HOME/tls.log" 2>&1 || { cat "$PG_HOME/tls.log" >&2; die "making PostgreSQL's certificate failed"; }
+  chmod 600 "$tls/server.key"
+  [[ $(id -u) -eq 0 ]] && chown -R postgres: "$tls"
+  return 0
 }
 
 stop_pg() {
@@ -200,6 +219,7 @@ stop_pg() {
 print_env() {
   echo "export SLUICE_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT"
   echo "export SLUICE_DATABASE_URL=postgres://$PG_USER@127.0.0.1:$PG_PORT/$PG_DB"
+  echo "export SLUICE_TEST_PG_CA=$PG_HOME/tls/ca.pem"
 }
 
 case "${1:-}" in

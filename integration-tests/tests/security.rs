@@ -3,7 +3,10 @@
 //! format time, certificates made here with the openssl CLI. The four services and
 //! the CLI run the whole path over SASL_SSL (a commit pushed, folded, resolved,
 //! dispatched to a webhook); hook topics compressed with zstd and gzip are read; a
-//! wrong password stops a service at start with the reason, not a hang.
+//! wrong password stops a service at start with the reason, not a hang. And
+//! PostgreSQL over TLS with `sslmode=verify-full` (the stack's server has a
+//! certificate made by `compose/stack.sh`): the dispatcher runs on it, and a
+//! server its CA file does not vouch for is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -457,5 +460,74 @@ async fn the_pipeline_runs_over_sasl_ssl_and_reads_compressed_hooks() {
         "every dependency dispatched over SASL_SSL: {:?}\n{}",
         sends.lock().expect("lock"),
         p.log_tails(20)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_is_reached_over_tls_with_verify_full() {
+    let ca = std::env::var("SLUICE_TEST_PG_CA")
+        .expect("SLUICE_TEST_PG_CA: the stack's PostgreSQL CA (compose/stack.sh env)");
+    let mut p = Pipeline::new(1, &[]).await;
+    let tls = format!("{}?sslmode=verify-full&sslrootcert={ca}", p.database_url);
+    let database = p.database_url.rsplit('/').next().expect("name").to_owned();
+    // The dispatcher migrates and works over TLS, verifying the server's name.
+    p.set("dispatcher", "SLUICE_DATABASE_URL", tls.clone());
+    p.start("dispatcher").await;
+    let pool = sqlx::PgPool::connect(&tls).await.expect("connect over TLS");
+    let (total, encrypted): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a
+         JOIN pg_stat_ssl s USING (pid) WHERE a.datname = $1",
+    )
+    .bind(&database)
+    .fetch_one(&pool)
+    .await
+    .expect("pg_stat_ssl");
+    assert!(
+        total >= 2,
+        "the dispatcher's and this test's connections: {total}"
+    );
+    assert_eq!(encrypted, total, "every connection to the database is TLS");
+    let migrated: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&pool)
+        .await
+        .expect("migrations");
+    assert!(
+        migrated >= 7,
+        "the dispatcher migrated over TLS: {migrated}"
+    );
+    // A CA that did not sign the server's certificate: refused, saying so.
+    let dir = std::env::temp_dir().join(unique("other-ca"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    run(
+        &dir,
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=someone-else",
+        ],
+    );
+    let other = format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        p.database_url,
+        dir.join("ca.pem").display()
+    );
+    let err = sqlx::PgPool::connect(&other)
+        .await
+        .expect_err("an unknown CA is refused")
+        .to_string();
+    assert!(
+        err.to_lowercase().contains("certificate") || err.contains("UnknownIssuer"),
+        "the reason names the certificate: {err}"
     );
 }

@@ -247,6 +247,8 @@ pub fn unknown_variables(vars: impl IntoIterator<Item = (String, String)>) -> Ve
         .filter(|k| {
             k.starts_with("SLUICE_")
                 && !k.starts_with("SLUICE_RDKAFKA_")
+                // the test harness's own settings, inherited by the services it starts
+                && !k.starts_with("SLUICE_TEST_")
                 && !KNOWN.contains(&k.as_str())
                 && !COMMAND_ENV.contains(&k.as_str())
         })
