@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one:
-#   installs what is missing (Kafka from Maven Central, PostgreSQL and Chromium from the
+#   installs what is missing (Kafka from Maven Central, PostgreSQL, OpenSSL headers and Chromium from the
 #   machine's packages, Airflow, the lake writers, Playwright and pyspark from PyPI into venvs, Hudi's Spark bundle from Maven Central), starts the local stack, builds, checks
 #   formatting and lints, runs every test (the core's pure tests and the integration
 #   tests against the real broker, PostgreSQL and Airflow), then stops the stack again if it was not running before.

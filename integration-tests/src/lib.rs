@@ -189,6 +189,80 @@ pub fn free_port() -> u16 {
 }
 
 /// `GET path` on a loopback port; returns (status, body) or None if nothing answers.
+/// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
+pub fn tls_files(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let f = |n: &str| dir.join(n).display().to_string();
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    for args in [
+        vec![
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &f("ca.key"),
+            "-out",
+            &f("ca.pem"),
+            "-subj",
+            "/CN=sluice-test-ca",
+            "-days",
+            "2",
+        ],
+        vec![
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &f("leaf.key"),
+            "-out",
+            &f("leaf.csr"),
+            "-subj",
+            "/CN=localhost",
+        ],
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            &f("leaf.csr"),
+            "-CA",
+            &f("ca.pem"),
+            "-CAkey",
+            &f("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &f("leaf.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &f("leaf.ext"),
+        ],
+    ] {
+        let out = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (
+        dir.join("ca.pem"),
+        dir.join("leaf.pem"),
+        dir.join("leaf.key"),
+    )
+}
+
 /// Serves `app` on a free loopback port for the rest of the test; the port.
 pub async fn serve(app: axum::Router) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

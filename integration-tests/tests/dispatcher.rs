@@ -441,80 +441,6 @@ fn keys(ts: &[TriggerRecord]) -> BTreeSet<String> {
     ts.iter().map(|t| t.trigger_key.clone()).collect()
 }
 
-/// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
-fn tls_files(
-    dir: &std::path::Path,
-) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    std::fs::create_dir_all(dir).expect("dir");
-    let f = |n: &str| dir.join(n).display().to_string();
-    std::fs::write(
-        dir.join("leaf.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("ext");
-    for args in [
-        vec![
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &f("ca.key"),
-            "-out",
-            &f("ca.pem"),
-            "-subj",
-            "/CN=sluice-test-ca",
-            "-days",
-            "2",
-        ],
-        vec![
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &f("leaf.key"),
-            "-out",
-            &f("leaf.csr"),
-            "-subj",
-            "/CN=localhost",
-        ],
-        vec![
-            "x509",
-            "-req",
-            "-in",
-            &f("leaf.csr"),
-            "-CA",
-            &f("ca.pem"),
-            "-CAkey",
-            &f("ca.key"),
-            "-CAcreateserial",
-            "-out",
-            &f("leaf.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &f("leaf.ext"),
-        ],
-    ] {
-        let out = Command::new("openssl")
-            .args(&args)
-            .output()
-            .expect("run openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    (
-        dir.join("ca.pem"),
-        dir.join("leaf.pem"),
-        dir.join("leaf.key"),
-    )
-}
-
 fn unhex(s: &str) -> Vec<u8> {
     (0..s.len())
         .step_by(2)
@@ -528,7 +454,7 @@ fn unhex(s: &str) -> Vec<u8> {
 async fn an_https_target_gets_the_trigger_over_tls() {
     use std::io::BufRead;
     let dir = std::env::temp_dir().join(unique("sluice-tls"));
-    let (ca, cert, key) = tls_files(&dir);
+    let (ca, cert, key) = sluice_integration_tests::tls_files(&dir);
     let script =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("receivers/https_webhook.py");
     let mut server = Command::new("python3")

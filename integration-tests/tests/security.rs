@@ -69,68 +69,8 @@ impl SecureBroker {
     fn start() -> SecureBroker {
         let dir = std::env::temp_dir().join(unique("secure-kafka"));
         std::fs::create_dir_all(dir.join("data")).expect("dir");
-        // A CA, and the broker's certificate for 127.0.0.1 signed by it.
-        run(
-            &dir,
-            "openssl",
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=sluice-test-ca",
-            ],
-        );
-        run(
-            &dir,
-            "openssl",
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "broker.key",
-                "-out",
-                "broker.csr",
-                "-subj",
-                "/CN=localhost",
-            ],
-        );
-        std::fs::write(
-            dir.join("san.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .expect("san");
-        run(
-            &dir,
-            "openssl",
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "broker.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "broker.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "san.ext",
-            ],
-        );
+        // A CA, and the broker's certificate for 127.0.0.1 signed by it, as PKCS12.
+        let (ca, cert, key) = sluice_integration_tests::tls_files(&dir);
         run(
             &dir,
             "openssl",
@@ -138,11 +78,11 @@ impl SecureBroker {
                 "pkcs12",
                 "-export",
                 "-in",
-                "broker.pem",
+                &cert.display().to_string(),
                 "-inkey",
-                "broker.key",
+                &key.display().to_string(),
                 "-certfile",
-                "ca.pem",
+                &ca.display().to_string(),
                 "-out",
                 "broker.p12",
                 "-passout",
@@ -496,31 +436,12 @@ async fn postgresql_is_reached_over_tls_with_verify_full() {
         "the dispatcher migrated over TLS: {migrated}"
     );
     // A CA that did not sign the server's certificate: refused, saying so.
-    let dir = std::env::temp_dir().join(unique("other-ca"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    run(
-        &dir,
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=someone-else",
-        ],
-    );
+    let (other_ca, _, _) =
+        sluice_integration_tests::tls_files(&std::env::temp_dir().join(unique("other-ca")));
     let other = format!(
         "{}?sslmode=verify-full&sslrootcert={}",
         p.database_url,
-        dir.join("ca.pem").display()
+        other_ca.display()
     );
     let err = sqlx::PgPool::connect(&other)
         .await
