@@ -1307,6 +1307,46 @@ async fn a_real_airflow_3_runs_each_trigger_once_and_is_followed_to_its_end() {
             .await
             .expect("history");
     assert_eq!(linked.as_deref(), Some(fails.trigger_key.as_str()));
+    // Declared through the API, the Airflow target gives each run a link to its
+    // dag run in Airflow's UI, and Airflow serves that page.
+    let http = reqwest::Client::new();
+    let declared = http
+        .put(format!("{api}/v1/targets/airflow/sluice_fails"))
+        .bearer_auth(API_ADMIN)
+        .json(
+            &serde_json::json!({"kind": "airflow", "name": "sluice_fails", "url": airflow.url,
+                                  "api_version": 2, "username": "sluice",
+                                  "password": {"env": "AIRFLOW_PASSWORD"}}),
+        )
+        .send()
+        .await
+        .expect("declare the target");
+    assert!(
+        declared.status().is_success(),
+        "{:?}",
+        declared.text().await
+    );
+    let shown: serde_json::Value = http
+        .get(format!("{api}/v1/runs/{new_key}"))
+        .bearer_auth(API_ADMIN)
+        .send()
+        .await
+        .expect("the run")
+        .json()
+        .await
+        .expect("json");
+    let link = format!(
+        "{}/dags/sluice_fails/runs/{}",
+        airflow.url,
+        sluice_dispatcher::adapters::airflow_run_id(&new_key, 1)
+    );
+    assert_eq!(shown["target_url"], link.as_str(), "{shown}");
+    let page = http.get(&link).send().await.expect("Airflow's UI");
+    assert!(
+        page.status().is_success(),
+        "Airflow serves {link}: {}",
+        page.status()
+    );
     kill(&mut api_child);
     kill(&mut d);
 }
