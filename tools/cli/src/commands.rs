@@ -287,18 +287,13 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             reason,
             dry_run,
         } => {
-            let dry = dry_run.then(|| "true".to_owned());
-            let (_, v) = client
-                .call(
-                    "POST",
-                    &format!(
-                        "{}{}",
-                        path(&["v1", "runs", &trigger_key, "settle"]),
-                        query(&[("dry_run", &dry)])
-                    ),
-                    Some(&json!({"outcome": outcome.as_str(), "reason": reason})),
-                )
-                .await?;
+            let v = post(
+                client,
+                &["v1", "runs", &trigger_key, "settle"],
+                dry_run,
+                Some(json!({"outcome": outcome.as_str(), "reason": reason})),
+            )
+            .await?;
             if !output::structured(format, &v) {
                 let status = v["status"].as_str().unwrap_or("?");
                 let how = if dry_run { "would become" } else { "is now" };
@@ -307,13 +302,13 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             Ok(())
         }
         Command::Redeliver { key } => {
-            let (_, v) = client
-                .call(
-                    "POST",
-                    &path(&["v1", "notification-deliveries", &key, "retry"]),
-                    None,
-                )
-                .await?;
+            let v = post(
+                client,
+                &["v1", "notification-deliveries", &key, "retry"],
+                false,
+                None,
+            )
+            .await?;
             if !output::structured(format, &v) {
                 println!("notification {key} is PENDING again");
             }
@@ -326,18 +321,13 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
             reason,
             dry_run,
         } => {
-            let dry = dry_run.then(|| "true".to_owned());
-            let (_, v) = client
-                .call(
-                    "POST",
-                    &format!(
-                        "{}{}",
-                        path(&["v1", "dependencies", &dependency, "acknowledge-schema"]),
-                        query(&[("dry_run", &dry)])
-                    ),
-                    Some(&json!({"input": input, "schema_id": schema_id, "reason": reason})),
-                )
-                .await?;
+            let v = post(
+                client,
+                &["v1", "dependencies", &dependency, "acknowledge-schema"],
+                dry_run,
+                Some(json!({"input": input, "schema_id": schema_id, "reason": reason})),
+            )
+            .await?;
             if !output::structured(format, &v) {
                 let schema = &v["schema_id"];
                 if v["changed"] == json!(true) {
@@ -399,6 +389,20 @@ impl Outcome {
             Outcome::Retry => "retry",
         }
     }
+}
+
+/// POSTs an action to the API path made of `segments` (`?dry_run=true` when
+/// asked) and returns its answer.
+async fn post(
+    client: &Client,
+    segments: &[&str],
+    dry_run: bool,
+    body: Option<Value>,
+) -> Result<Value, Failure> {
+    let dry = dry_run.then(|| "true".to_owned());
+    let url = format!("{}{}", path(segments), query(&[("dry_run", &dry)]));
+    let (_, v) = client.call("POST", &url, body.as_ref()).await?;
+    Ok(v)
 }
 
 fn kind_name(k: Kind) -> &'static str {

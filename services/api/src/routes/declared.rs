@@ -217,15 +217,20 @@ fn may_see(p: &Principal, r: Resource, doc: &Result<String, String>) -> bool {
     }
 }
 
-async fn list(app: App, headers: HeaderMap, r: Resource, prefix: Option<String>) -> Answer {
+/// The declared resources `p` may see that `keep` keeps.
+async fn list(
+    app: App,
+    headers: HeaderMap,
+    r: Resource,
+    keep: impl Fn(&str, &Result<String, String>) -> bool,
+) -> Answer {
     let p = app.reader(&headers).await?;
     app.declared_ready(r)?;
     let items: Vec<Value> = r
         .shared(&app)
         .snapshot()
         .iter()
-        .filter(|(id, _)| prefix.as_deref().is_none_or(|p| id.starts_with(p)))
-        .filter(|(_, doc)| may_see(&p, r, doc))
+        .filter(|(id, doc)| keep(id, doc) && may_see(&p, r, doc))
         .map(|(id, doc)| shown(r, id, doc))
         .collect();
     ok(json!({"items": items}))
@@ -251,7 +256,10 @@ pub(super) async fn list_targets(
     let prefix = q
         .get("kind")
         .map(|k| format!("{}/", k.to_ascii_lowercase()));
-    list(app, headers, Resource::Target, prefix).await
+    list(app, headers, Resource::Target, |id, _| {
+        prefix.as_deref().is_none_or(|p| id.starts_with(p))
+    })
+    .await
 }
 
 pub(super) async fn list_tables(
@@ -261,7 +269,10 @@ pub(super) async fn list_tables(
 ) -> Answer {
     let q = Params::new(q, &["prefix"])?;
     let prefix = q.get("prefix").map(str::to_owned);
-    list(app, headers, Resource::Table, prefix).await
+    list(app, headers, Resource::Table, |id, _| {
+        prefix.as_deref().is_none_or(|p| id.starts_with(p))
+    })
+    .await
 }
 
 pub(super) async fn get_target(
@@ -550,22 +561,13 @@ pub(super) async fn list_notifications(
 ) -> Answer {
     let q = Params::new(q, &["project"])?;
     let project = q.get("project").map(str::to_owned);
-    let p = app.reader(&headers).await?;
     let r = Resource::Notification;
-    app.declared_ready(r)?;
-    let items: Vec<Value> = r
-        .shared(&app)
-        .snapshot()
-        .iter()
-        .filter(|(_, doc)| may_see(&p, r, doc))
-        .filter(|(_, doc)| {
-            project
-                .as_deref()
-                .is_none_or(|want| doc.as_deref().is_ok_and(|d| r.project(d) == want))
-        })
-        .map(|(id, doc)| shown(r, id, doc))
-        .collect();
-    ok(json!({"items": items}))
+    list(app, headers, r, |_, doc| {
+        project
+            .as_deref()
+            .is_none_or(|want| doc.as_deref().is_ok_and(|d| r.project(d) == want))
+    })
+    .await
 }
 
 pub(super) async fn get_notification(
