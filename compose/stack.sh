@@ -52,7 +52,8 @@ apt_install() {
 install_kafka() {
   command -v java >/dev/null || apt_install openjdk-17-jre-headless
   command -v mvn >/dev/null || apt_install maven
-  if [[ ! -f "$KAFKA_LIBS/.complete" ]]; then
+  # (A resolve from before kafka-tools was added to the pom is done again.)
+  if [[ ! -f "$KAFKA_LIBS/.complete" ]] || ! compgen -G "$KAFKA_LIBS/kafka-tools-[0-9]*.jar" >/dev/null; then
     say "resolving Apache Kafka $KAFKA_VERSION from Maven Central"
     rm -rf "$KAFKA_LIBS" && mkdir -p "$KAFKA_LIBS"
     mvn -q -B -f "$HERE/kafka/pom.xml" -Dkafka.version="$KAFKA_VERSION" \

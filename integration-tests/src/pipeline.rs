@@ -100,7 +100,54 @@ impl Pipeline {
         env
     }
 
+    /// Starts another instance of `service` with this run's settings and waits for
+    /// it to exit on its own (killed after `within`): its status, or `None` if it
+    /// ran on, and what it said.
+    pub async fn run_until_exit(
+        &self,
+        service: &'static str,
+        instance: &str,
+        within: Duration,
+    ) -> (Option<std::process::ExitStatus>, String) {
+        let (mut cmd, _) = self.command(service);
+        let out =
+            std::env::temp_dir().join(format!("{}{service}-{instance}.out", self.names.prefix));
+        let file = std::fs::File::create(&out).expect("output file");
+        let mut child = cmd
+            .env("SLUICE_INSTANCE", instance)
+            .stdout(file.try_clone().expect("output file"))
+            .stderr(file)
+            .spawn()
+            .expect("spawn service");
+        let deadline = Instant::now() + within;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        (status, std::fs::read_to_string(&out).unwrap_or_default())
+    }
+
     fn spawn(&self, service: &'static str) -> (Child, u16) {
+        let (mut cmd, admin) = self.command(service);
+        cmd.stdout(if std::env::var_os("SLUICE_TEST_SERVICE_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            self.log_file(service)
+                .map_or_else(|_| Stdio::null(), Stdio::from)
+        })
+        .stderr(Stdio::inherit());
+        (cmd.spawn().expect("spawn service"), admin)
+    }
+
+    /// The service's command with this run's settings, and its admin port.
+    fn command(&self, service: &'static str) -> (Command, u16) {
         let admin = free_port();
         let mut cmd = Command::new(service_binary(&format!("sluice-{service}")));
         cmd.envs(self.common_env())
@@ -117,23 +164,16 @@ impl Pipeline {
                 "SLUICE_INGEST_TOKENS",
                 format!(r#"[{{"name": "e2e", "token": "{TOKEN}", "namespaces": ["*"]}}]"#),
             )
+            // Services log to stdout: shown when SLUICE_TEST_SERVICE_LOG asks for
+            // logs, else kept in a file per service for `log_tails` (a failure's story).
             .env(
                 "SLUICE_LOG",
                 std::env::var("SLUICE_TEST_SERVICE_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            // Services log to stdout: shown when SLUICE_TEST_SERVICE_LOG asks for
-            // logs, else kept in a file per service for `log_tails` (a failure's story).
-            .stdout(if std::env::var_os("SLUICE_TEST_SERVICE_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                self.log_file(service)
-                    .map_or_else(|_| Stdio::null(), Stdio::from)
-            })
-            .stderr(Stdio::inherit());
+            );
         for (k, v) in self.env.get(service).into_iter().flatten() {
             cmd.env(k, v);
         }
-        (cmd.spawn().expect("spawn service"), admin)
+        (cmd, admin)
     }
 
     pub async fn start(&mut self, service: &'static str) {

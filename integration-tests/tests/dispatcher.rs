@@ -196,7 +196,7 @@ struct Run {
 
 impl Run {
     async fn new() -> Self {
-        let names = fresh_topics("ds", PARTITIONS, sluice_dispatcher::TOPICS).await;
+        let names = fresh_topics("ds", PARTITIONS, &sluice_dispatcher::ACCESS.topics()).await;
         let (db, pool) = dispatcher_database().await;
         let receiver = Shared::default();
         let port = serve(receiver.clone()).await;

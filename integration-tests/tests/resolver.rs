@@ -168,7 +168,7 @@ impl Run {
     async fn new() -> Self {
         let names = TopicNames::with_prefix(&format!("{}.", unique("rs")), PARTITIONS);
         let admin = kafka().admin("rs-test").expect("admin");
-        topics::bootstrap(&admin, &names, sluice_resolver::TOPICS, T)
+        topics::bootstrap(&admin, &names, &sluice_resolver::ACCESS.topics(), T)
             .await
             .expect("topics");
         Run { names }
@@ -433,7 +433,7 @@ async fn a_cycle_across_two_instances_is_refused_once_visibly() {
     const TWO: i32 = 2;
     let names = TopicNames::with_prefix(&format!("{}.", unique("rc")), TWO);
     let admin = kafka().admin("rc-test").expect("admin");
-    topics::bootstrap(&admin, &names, sluice_resolver::TOPICS, T)
+    topics::bootstrap(&admin, &names, &sluice_resolver::ACCESS.topics(), T)
         .await
         .expect("topics");
     let spawn = |instance: &str| {

@@ -56,8 +56,22 @@ fn run(dir: &Path, program: &str, args: &[&str]) {
     );
 }
 
+/// The principals of the shipped ACL set (`User:sluice-<service>`), each a SCRAM
+/// user of the broker with authorization on.
+const PRINCIPALS: [&str; 6] = [
+    "ingester",
+    "state-updater",
+    "resolver",
+    "dispatcher",
+    "api",
+    "cli",
+];
+
 /// A single-node KRaft broker with SASL_SSL (SCRAM-SHA-512 / -256) and SSL
-/// listeners; killed when dropped.
+/// listeners; killed when dropped. With `authorize`, the StandardAuthorizer
+/// decides by ACLs: `USER` (and the unauthenticated inter-broker, controller and
+/// SSL listeners of this test broker) are super users, and each of
+/// [`PRINCIPALS`] may do only what ACLs grant it.
 struct SecureBroker {
     dir: PathBuf,
     sasl_ssl: u16,
@@ -66,7 +80,7 @@ struct SecureBroker {
 }
 
 impl SecureBroker {
-    fn start() -> SecureBroker {
+    fn start(authorize: bool) -> SecureBroker {
         let dir = std::env::temp_dir().join(unique("secure-kafka"));
         std::fs::create_dir_all(dir.join("data")).expect("dir");
         // A CA, and the broker's certificate for 127.0.0.1 signed by it, as PKCS12.
@@ -120,6 +134,14 @@ impl SecureBroker {
              transaction.state.log.num.partitions=4\n\
              group.initial.rebalance.delay.ms=0\n"
         );
+        let properties = if authorize {
+            format!(
+                "{properties}authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n\
+                 super.users=User:{USER};User:ANONYMOUS\n"
+            )
+        } else {
+            properties
+        };
         std::fs::write(dir.join("server.properties"), properties).expect("properties");
         let java = |args: &[&str]| {
             let mut c = Command::new("java");
@@ -134,20 +156,28 @@ impl SecureBroker {
         let id = String::from_utf8_lossy(&id.stdout).trim().to_owned();
         let scram = format!("SCRAM-SHA-512=[name={USER},password={PASSWORD}]");
         let scram256 = format!("SCRAM-SHA-256=[name={USER},password={PASSWORD}]");
-        let out = java(&[
-            "kafka.tools.StorageTool",
-            "format",
-            "-t",
-            &id,
-            "-c",
-            "server.properties",
-            "--add-scram",
-            &scram,
-            "--add-scram",
-            &scram256,
-        ])
-        .output()
-        .expect("format");
+        let mut format = vec![
+            "kafka.tools.StorageTool".to_owned(),
+            "format".into(),
+            "-t".into(),
+            id,
+            "-c".into(),
+            "server.properties".into(),
+            "--add-scram".into(),
+            scram,
+            "--add-scram".into(),
+            scram256,
+        ];
+        if authorize {
+            for p in PRINCIPALS {
+                format.push("--add-scram".into());
+                format.push(format!(
+                    "SCRAM-SHA-512=[name=sluice-{p},password={PASSWORD}]"
+                ));
+            }
+        }
+        let format: Vec<&str> = format.iter().map(String::as_str).collect();
+        let out = java(&format).output().expect("format");
         assert!(
             out.status.success(),
             "format: {}",
@@ -207,6 +237,50 @@ impl SecureBroker {
         c
     }
 
+    /// Waits until the SASL_SSL listener answers (SCRAM-SHA-256).
+    async fn wait_up(&self) {
+        let up = eventually(Duration::from_secs(120), || async {
+            let admin: AdminClient<DefaultClientContext> =
+                self.client(Some("SCRAM-SHA-256")).create().expect("admin");
+            admin
+                .inner()
+                .fetch_metadata(None, Duration::from_secs(3))
+                .is_ok()
+        })
+        .await;
+        assert!(
+            up,
+            "the secure broker did not come up:\n{}",
+            self.log_tail()
+        );
+    }
+
+    /// Runs `kafka-acls` (Kafka's AclCommand) as the super user.
+    fn kafka_acls_command(&self) -> PathBuf {
+        let config = self.dir.join("admin.properties");
+        std::fs::write(
+            &config,
+            format!(
+                "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n\
+                 sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"{USER}\" password=\"{PASSWORD}\";\n\
+                 ssl.truststore.type=PEM\nssl.truststore.location={}\n",
+                self.dir.join("ca.pem").display()
+            ),
+        )
+        .expect("admin.properties");
+        let wrapper = self.dir.join("kafka-acls");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec java -Xms64m -Xmx256m -XX:TieredStopAtLevel=1 -Xshare:auto -cp '{}' org.apache.kafka.tools.AclCommand \"$@\"\n",
+                kafka_classpath()
+            ),
+        )
+        .expect("wrapper");
+        run(&self.dir, "chmod", &["+x", &wrapper.display().to_string()]);
+        wrapper
+    }
+
     fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
@@ -238,24 +312,9 @@ async fn create_topics(config: &ClientConfig, topics: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pipeline_runs_over_sasl_ssl_and_reads_compressed_hooks() {
-    let broker = SecureBroker::start();
+    let broker = SecureBroker::start(false);
     // Both listeners answer once the broker is up: SCRAM-SHA-256 on SASL_SSL, and SSL.
-    let up = eventually(Duration::from_secs(120), || async {
-        let admin: AdminClient<DefaultClientContext> = broker
-            .client(Some("SCRAM-SHA-256"))
-            .create()
-            .expect("admin");
-        admin
-            .inner()
-            .fetch_metadata(None, Duration::from_secs(3))
-            .is_ok()
-    })
-    .await;
-    assert!(
-        up,
-        "the secure broker did not come up:\n{}",
-        broker.log_tail()
-    );
+    broker.wait_up().await;
     let ssl: AdminClient<DefaultClientContext> = broker.client(None).create().expect("ssl admin");
     assert!(
         ssl.inner()
@@ -451,4 +510,209 @@ async fn postgresql_is_reached_over_tls_with_verify_full() {
         err.to_lowercase().contains("certificate") || err.contains("UnknownIssuer"),
         "the reason names the certificate: {err}"
     );
+}
+
+/// The shipped ACL set (`deploy/kafka/acls.sh`, run with Kafka's own
+/// `kafka-acls`) on a broker whose StandardAuthorizer denies what no ACL allows:
+/// the four services, the API and the CLI each as their own SCRAM principal
+/// carry a commit, a hook notice and a run now to the webhook. Then one ACL is
+/// taken away and a new resolver instance refuses to start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_runs_under_exactly_its_acls_and_a_missing_one_is_named() {
+    let broker = SecureBroker::start(true);
+    broker.wait_up().await;
+    let sends: Arc<Mutex<Vec<String>>> = Arc::default();
+    let got = sends.clone();
+    let port = sluice_integration_tests::serve(axum::Router::new().route(
+        "/hook",
+        post(move |body: String| {
+            let got = got.clone();
+            async move {
+                got.lock().expect("lock").push(body);
+                "ok"
+            }
+        }),
+    ))
+    .await;
+    let hook = unique("acl-hook");
+    create_topics(&broker.client(Some("SCRAM-SHA-512")), &[&hook]).await;
+
+    let mut env = broker.env(PASSWORD);
+    for (k, v) in &mut env {
+        if *k == "SLUICE_RDKAFKA_SASL_USERNAME" {
+            *v = "sluice-cli".into();
+        }
+    }
+    let mut p = Pipeline::new(2, &[]).await.with_kafka(&env);
+    let prefix = p
+        .common_env()
+        .into_iter()
+        .find(|(k, _)| k == "SLUICE_TOPIC_PREFIX")
+        .map(|(_, v)| v)
+        .expect("prefix");
+    for s in ["ingester", "state-updater", "resolver", "dispatcher", "api"] {
+        p.set(s, "SLUICE_RDKAFKA_SASL_USERNAME", format!("sluice-{s}"));
+    }
+
+    // The ACLs exactly as shipped, for this run's prefix and hook topic.
+    let kafka_acls = broker.kafka_acls_command();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kafka/acls.sh");
+    let started = Instant::now();
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("BOOTSTRAP", format!("127.0.0.1:{}", broker.sasl_ssl))
+        .env("COMMAND_CONFIG", broker.dir.join("admin.properties"))
+        .env("PREFIX", &prefix)
+        .env("HOOK_TOPICS", &hook)
+        .env("KAFKA_ACLS", &kafka_acls)
+        .output()
+        .expect("acls.sh");
+    assert!(
+        out.status.success(),
+        "deploy/kafka/acls.sh: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "deploy/kafka/acls.sh applied in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    p.set(
+        "dispatcher",
+        "SLUICE_TARGETS",
+        format!(r#"[{{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{port}/hook", "idempotent": true}}]"#),
+    );
+    p.set(
+        "ingester",
+        "SLUICE_HOOK_TOPICS",
+        json!([{"topic": hook, "format": "json"}]).to_string(),
+    );
+    const ADMIN: &str = "acl-admin-token";
+    let tokens =
+        sluice_integration_tests::api::tokens_file(&[("root", ADMIN, json!({"*": "admin"}))]);
+    let api = p.start_all_with_api(tokens, ADMIN).await;
+
+    // The CLI writes the specs over its own principal.
+    let specs = std::env::temp_dir().join(unique("acl-specs.json"));
+    let spec = |id: &str, asset: &str| {
+        json!({"id": id, "version": 1, "owner_project": "p",
+               "target": {"kind": "webhook", "name": id},
+               "condition": {"input": {"asset": asset}}})
+    };
+    std::fs::write(
+        &specs,
+        json!([
+            spec("pushed", "lake.acl.pushed"),
+            spec("hooked", "lake.acl.hooked")
+        ])
+        .to_string(),
+    )
+    .expect("specs");
+    let out = p.cli(&["apply", &specs.to_string_lossy()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = eventually(Duration::from_secs(30), || async {
+        api.get("/v1/dependencies")
+            .await
+            .to_string()
+            .contains("hooked")
+    })
+    .await;
+    assert!(listed, "the API reads the dependencies under its ACLs");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    push(&reqwest::Client::new(), &p.push_url(), "lake.acl.pushed", 1).await;
+    let producer: FutureProducer = broker
+        .client(Some("SCRAM-SHA-512"))
+        .create()
+        .expect("producer");
+    let notice = json!({"asset_key": "lake.acl.hooked", "format": "iceberg", "snapshot_id": 7,
+                        "sequence": 1, "commit_time_ms": 1_764_633_600_000i64,
+                        "operation": "append"})
+    .to_string();
+    producer
+        .send(
+            FutureRecord::to(&hook)
+                .key("lake.acl.hooked")
+                .payload(&notice),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("produced");
+    let fired = |id: &'static str| {
+        let sends = sends.clone();
+        move || {
+            let sends = sends.clone();
+            async move {
+                sends
+                    .lock()
+                    .expect("lock")
+                    .iter()
+                    .any(|b| b.contains(&format!("\"dependency_id\":\"{id}\"")))
+            }
+        }
+    };
+    let both = eventually(Duration::from_secs(90), || async {
+        fired("pushed")().await && fired("hooked")().await
+    })
+    .await;
+    assert!(
+        both,
+        "both dispatched under the ACLs: {:?}\n{}",
+        sends.lock().expect("lock"),
+        p.log_tails(20)
+    );
+    // Run now through the API: it writes a trigger under its own principal.
+    let before = sends.lock().expect("lock").len();
+    api.post(
+        "/v1/dependencies/pushed/runs",
+        json!({"request_id": "acl-1"}),
+    )
+    .await;
+    let ran = eventually(Duration::from_secs(30), || async {
+        sends.lock().expect("lock").len() > before
+    })
+    .await;
+    assert!(ran, "the run now was dispatched\n{}", p.log_tails(20));
+
+    // One ACL taken away: a new resolver instance stops at start and names it.
+    let triggers = format!("{prefix}triggers");
+    let out = Command::new(&kafka_acls)
+        .args([
+            "--bootstrap-server",
+            &format!("127.0.0.1:{}", broker.sasl_ssl),
+            "--command-config",
+            &broker.dir.join("admin.properties").display().to_string(),
+            "--remove",
+            "--force",
+            "--allow-principal",
+            "User:sluice-resolver",
+            "--operation",
+            "Write",
+            "--topic",
+            &triggers,
+        ])
+        .output()
+        .expect("kafka-acls --remove");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, said) = p
+        .run_until_exit("resolver", "1", Duration::from_secs(60))
+        .await;
+    let status = status.unwrap_or_else(|| panic!("ran on without the ACL:\n{said}"));
+    assert!(!status.success(), "{said}");
+    assert!(
+        said.contains(&format!("principal Write on topic {triggers};")),
+        "the error names the operation and the topic: {said}"
+    );
+    // The services already running keep their promise (none exited).
+    for s in ["ingester", "state-updater", "dispatcher", "api"] {
+        assert!(p.alive(s), "{s} is still running");
+    }
 }

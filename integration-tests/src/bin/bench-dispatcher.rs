@@ -126,7 +126,7 @@ async fn inserts(n: usize) {
 
 async fn dispatches(n: usize) {
     let (url, pool) = dispatcher_database().await;
-    let names = fresh_topics("bd", PARTITIONS, sluice_dispatcher::TOPICS).await;
+    let names = fresh_topics("bd", PARTITIONS, &sluice_dispatcher::ACCESS.topics()).await;
     let topic = names.name(Topic::Triggers);
     let codec = Codec::new(None);
     let mut records = Vec::with_capacity(n);

@@ -34,20 +34,8 @@ use sqlx::postgres::PgPoolOptions;
 
 pub const SERVICE: &str = "api";
 
-/// The topics this service reads or writes.
-pub const TOPICS: &[Topic] = &[
-    Topic::AssetEvents,
-    Topic::AssetState,
-    Topic::Dependencies,
-    Topic::ResolverProgress,
-    Topic::Runs,
-    Topic::Grants,
-    Topic::Triggers,
-    Topic::Targets,
-    Topic::Tables,
-    Topic::Notifications,
-    Topic::DeadLetter,
-];
+/// What it reads and writes on the broker (bootstrap and ACLs).
+pub const ACCESS: &sluice_kit::access::Access = &sluice_kit::access::API;
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -152,7 +140,18 @@ pub enum Error {
 }
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
-    let started = service::start(&options.common, TOPICS, &shutdown).await?;
+    let started = service::start(
+        &options.common,
+        // The group is the notifier's dead-letter reader.
+        if options.notify {
+            service::KafkaNeeds::of(ACCESS)
+                .group(format!("{}notifier", options.common.topics.prefix))
+        } else {
+            service::KafkaNeeds::of(ACCESS)
+        },
+        &shutdown,
+    )
+    .await?;
     let c = &options.common;
     let tokens = match &options.tokens_file {
         Some(path) => Some(Arc::new(auth::TokenFile::open(path.clone())?)),

@@ -34,12 +34,8 @@ use sqlx::{ConnectOptions, PgPool};
 
 pub const SERVICE: &str = "dispatcher";
 
-pub const TOPICS: &[Topic] = &[
-    Topic::Triggers,
-    Topic::Runs,
-    Topic::DeadLetter,
-    Topic::Targets,
-];
+/// What it reads and writes on the broker (bootstrap and ACLs).
+pub const ACCESS: &sluice_kit::access::Access = &sluice_kit::access::DISPATCHER;
 
 /// The schema migrations, applied at start (embedded at build time).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -225,7 +221,12 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         bootstrap_targets = options.targets.all().count(),
         "migrations applied; instance epoch taken"
     );
-    let started = service::start(&options.common, TOPICS, &shutdown).await?;
+    let started = service::start(
+        &options.common,
+        service::KafkaNeeds::of(ACCESS).group(format!("{}{SERVICE}", options.common.topics.prefix)),
+        &shutdown,
+    )
+    .await?;
     let c = &options.common;
     let client_id = format!("sluice-{SERVICE}-{}", c.instance);
     // Declared targets: read to the end before the first round, so a job is never

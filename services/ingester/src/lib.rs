@@ -31,13 +31,8 @@ use sluice_kit::{BlockingCodec, Codec, Shutdown, Topic};
 
 pub const SERVICE: &str = "ingester";
 
-/// The topics this service reads or writes; bootstrap creates and checks them.
-pub const TOPICS: &[Topic] = &[
-    Topic::AssetEvents,
-    Topic::AssetState,
-    Topic::DeadLetter,
-    Topic::Tables,
-];
+/// What it reads and writes on the broker (bootstrap and ACLs).
+pub const ACCESS: &sluice_kit::access::Access = &sluice_kit::access::INGESTER;
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -144,7 +139,25 @@ pub enum Error {
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     metrics::describe();
-    let started = service::start(&options.common, TOPICS, &shutdown).await?;
+    let started = service::start(
+        &options.common,
+        // The group is the hook loop's, which runs only when there are hook topics.
+        if options.hook_topics.is_empty() {
+            service::KafkaNeeds::of(ACCESS)
+        } else {
+            service::KafkaNeeds::of(ACCESS)
+                .group(&options.group_id)
+                .reading(
+                    options
+                        .hook_topics
+                        .iter()
+                        .map(|h| h.topic.clone())
+                        .collect(),
+                )
+        },
+        &shutdown,
+    )
+    .await?;
     let c = &options.common;
     let events_topic = c.topics.name(Topic::AssetEvents);
     let registry = c.schema_registry_url.as_deref();

@@ -205,6 +205,7 @@ pub fn read_to_end(
                 deadline,
             });
         }
+        crate::health::progress();
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(p))) => {
@@ -253,6 +254,9 @@ pub fn follow(
         on_caught_up();
     }
     while !stop.load(Ordering::Relaxed) {
+        if !behind.is_empty() {
+            crate::health::progress();
+        }
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(p))) if behind.remove(&p) && behind.is_empty() => {

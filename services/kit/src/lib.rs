@@ -1,7 +1,9 @@
 //! Adapters every Sluice service shares. The domain lives in `sluice-core`;
 //! this crate is where it meets Kafka, HTTP and the process.
 
+pub mod access;
 pub mod admin;
+pub mod authorized;
 pub mod backoff;
 pub mod changelog;
 pub mod clock;

@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use rdkafka::producer::Producer as _;
 
+use crate::access::{Access, Acl, Operation, ResourceKind};
+use crate::authorized::{self, Authorized};
 use crate::backoff::Backoff;
 use crate::config::{Common, ConfigErrors};
 use crate::health::Health;
 use crate::shutdown::Shutdown;
-use crate::topics::{self, Topic};
+use crate::topics;
 
 /// The body of every `main.rs`: read config (print every problem, exit 2), start
 /// telemetry and signal handling, run, map the result to an exit code.
@@ -86,6 +88,11 @@ pub enum StartError {
         "the broker refused this service (check SLUICE_RDKAFKA_SASL_* and SLUICE_RDKAFKA_SSL_*): {0}"
     )]
     Refused(String),
+    #[error(
+        "the broker's ACLs do not let this service's principal {}; grant them (deploy/kafka/acls.sh or `sluice acls` give the whole set of each service)",
+        .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Forbidden(Vec<Acl>),
     #[error("admin server on {addr}: {source}")]
     Admin {
         addr: std::net::SocketAddr,
@@ -100,11 +107,108 @@ pub struct Started {
     pub admin_task: tokio::task::JoinHandle<()>,
 }
 
+/// What a service needs of the broker: its row of the access table, with the
+/// consumer group and the user's topics this deployment configures.
+#[derive(Clone, Debug)]
+pub struct KafkaNeeds {
+    pub access: &'static Access,
+    /// The consumer group it joins (its `SLUICE_*_GROUP`), if any.
+    pub group: Option<String>,
+    /// Topics of the user's it reads (the ingester's hook topics).
+    pub extra_reads: Vec<String>,
+}
+
+impl KafkaNeeds {
+    pub fn of(access: &'static Access) -> Self {
+        KafkaNeeds {
+            access,
+            group: None,
+            extra_reads: Vec::new(),
+        }
+    }
+
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    pub fn reading(mut self, topics: Vec<String>) -> Self {
+        self.extra_reads = topics;
+        self
+    }
+
+    /// The rules it needs under `prefix`, its group named as configured.
+    pub fn acls(&self, prefix: &str) -> Vec<Acl> {
+        let mut acls = self.access.acls(prefix, &self.extra_reads);
+        acls.retain(|a| a.kind != ResourceKind::Group);
+        if let Some(g) = &self.group {
+            acls.push(Acl {
+                kind: ResourceKind::Group,
+                name: g.clone(),
+                prefixed: false,
+                operation: Operation::Read,
+            });
+        }
+        acls
+    }
+}
+
+/// The rules of `needs` the broker does not grant this principal, found by
+/// asking what it may do on each topic and group (transactional ids cannot be
+/// asked: a missing one fails the transactional loop's start, by name). A
+/// resource the broker does not describe, or a broker that does not say, is
+/// not reported: the work itself will say what is wrong.
+async fn missing_acls(
+    admin: &rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>,
+    needs: &[Acl],
+    timeout: Duration,
+) -> Vec<Acl> {
+    let mut missing = Vec::new();
+    for kind in [ResourceKind::Topic, ResourceKind::Group] {
+        let mut names: Vec<String> = needs
+            .iter()
+            .filter(|a| a.kind == kind)
+            .map(|a| a.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        let answers =
+            tokio::task::block_in_place(|| authorized::describe(admin, kind, &names, timeout));
+        let answers = match answers {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, resource = %kind, "cannot ask the broker which operations are authorized; not checking the ACLs");
+                continue;
+            }
+        };
+        for acl in needs.iter().filter(|a| a.kind == kind) {
+            let allowed = match answers.iter().find(|(n, _)| *n == acl.name) {
+                // Not describable: Read and Write would imply Describe, so they are
+                // missing; Create and DescribeConfigs do not, and bootstrap has used them.
+                Some((_, Authorized::Denied)) => {
+                    !matches!(acl.operation, Operation::Read | Operation::Write)
+                }
+                Some((_, Authorized::Operations(Some(ops)))) => ops.contains(&acl.operation),
+                Some((_, Authorized::Other(e))) => {
+                    tracing::warn!(resource = %acl.name, error = %e, "the broker did not describe it");
+                    true
+                }
+                _ => true,
+            };
+            if !allowed {
+                missing.push(acl.clone());
+            }
+        }
+    }
+    missing
+}
+
 /// Start-up shared by all services: metrics, admin port, topic bootstrap (retried
-/// while the broker is not reachable yet, refused at once if a topic is misconfigured).
+/// while the broker is not reachable yet, refused at once if a topic is
+/// misconfigured), and the check that the broker's ACLs grant what it needs.
 pub async fn start(
     common: &Common,
-    topics_needed: &[Topic],
+    needs: KafkaNeeds,
     shutdown: &Shutdown,
 ) -> Result<Started, StartError> {
     crate::admin::install_metrics();
@@ -123,6 +227,7 @@ pub async fn start(
         "sluice-{}-{}-admin",
         common.service, common.instance
     ))?;
+    let topics_needed = needs.access.topics();
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     // A broker that refuses our credentials is an error to report, not an outage
     // to wait out.
@@ -143,7 +248,7 @@ pub async fn start(
         let attempt = topics::bootstrap(
             &admin,
             &common.topics,
-            topics_needed,
+            &topics_needed,
             common.kafka.request_timeout,
         );
         let result = tokio::select! {
@@ -152,7 +257,10 @@ pub async fn start(
         };
         match result {
             Ok(()) => break,
-            Err(e @ topics::BootstrapError::NotCompacted { .. }) => return Err(e.into()),
+            Err(
+                e @ (topics::BootstrapError::NotCompacted { .. }
+                | topics::BootstrapError::Forbidden { .. }),
+            ) => return Err(e.into()),
             Err(e) if !shutdown.is_stopping() => {
                 let wait = backoff.next_wait();
                 tracing::warn!(error = %e, retry_ms = wait.as_millis() as u64, "topic bootstrap failed; retrying");
@@ -160,6 +268,15 @@ pub async fn start(
             }
             Err(e) => return Err(e.into()),
         }
+    }
+    let missing = missing_acls(
+        &admin,
+        &needs.acls(&common.topics.prefix),
+        common.kafka.request_timeout,
+    )
+    .await;
+    if !missing.is_empty() {
+        return Err(StartError::Forbidden(missing));
     }
     Ok(Started {
         health,

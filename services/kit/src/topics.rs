@@ -158,6 +158,13 @@ pub enum BootstrapError {
         "topic {topic} must be compacted (cleanup.policy contains \"compact\") but has cleanup.policy={found:?}; fix it with kafka-configs --alter --add-config cleanup.policy=compact"
     )]
     NotCompacted { topic: String, found: String },
+    #[error(
+        "the broker's ACLs do not let this service's principal {operation} topic {topic}; grant it (deploy/kafka/acls.sh or `sluice acls` give the whole set of each service)"
+    )]
+    Forbidden {
+        topic: String,
+        operation: crate::access::Operation,
+    },
     #[error("creating topic {topic}: {message}")]
     Create { topic: String, message: String },
     #[error("describing topic {topic}: {message}")]
@@ -201,10 +208,15 @@ pub async fn bootstrap<C: rdkafka::client::ClientContext + 'static>(
             nt
         })
         .collect();
+    // A principal without Create (topics made by an operator, e.g. Strimzi's
+    // KafkaTopic) is told so for every topic, existing or not: those that exist
+    // are fine, a missing one is reported below.
+    let mut uncreatable = Vec::new();
     for result in admin.create_topics(&new_topics, &opts).await? {
         match result {
             Ok(topic) => tracing::info!(topic = %topic, "created topic"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, RDKafkaErrorCode::TopicAuthorizationFailed)) => uncreatable.push(topic),
             Err((topic, code)) => {
                 return Err(BootstrapError::Create {
                     topic,
@@ -227,9 +239,21 @@ pub async fn bootstrap<C: rdkafka::client::ClientContext + 'static>(
             .zip(admin.describe_configs(&resources, &opts).await?)
         {
             let topic = names.name(*t);
-            let described = described.map_err(|code| BootstrapError::Describe {
-                topic: topic.clone(),
-                message: code.to_string(),
+            let described = described.map_err(|code| match code {
+                RDKafkaErrorCode::TopicAuthorizationFailed => BootstrapError::Forbidden {
+                    topic: topic.clone(),
+                    operation: crate::access::Operation::DescribeConfigs,
+                },
+                RDKafkaErrorCode::UnknownTopicOrPartition if uncreatable.contains(&topic) => {
+                    BootstrapError::Forbidden {
+                        topic: topic.clone(),
+                        operation: crate::access::Operation::Create,
+                    }
+                }
+                _ => BootstrapError::Describe {
+                    topic: topic.clone(),
+                    message: code.to_string(),
+                },
             })?;
             let policy = described
                 .get("cleanup.policy")

@@ -194,6 +194,10 @@ pub enum Error {
     Fatal(BoxError),
     #[error("consumer has no group metadata (not in a group)")]
     NoGroupMetadata,
+    #[error(
+        "the broker's ACLs do not let this service's principal Write transactional-id {0}; grant it (deploy/kafka/acls.sh or `sluice acls` give the whole set of each service)"
+    )]
+    TransactionalIdForbidden(String),
 }
 
 /// What happened inside a rebalance callback, for the loop to act on afterwards.
@@ -386,7 +390,20 @@ impl<P: Processor> TxnLoop<P> {
         stop: Arc<AtomicBool>,
     ) -> Result<Self, Error> {
         let producer: Arc<TxnProducer> = Arc::new(producer_config.create()?);
-        producer.init_transactions(options.request_timeout)?;
+        producer
+            .init_transactions(options.request_timeout)
+            .map_err(|e| match e.rdkafka_error_code() {
+                // The one ACL the start-up check cannot ask the broker about.
+                Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed) => {
+                    Error::TransactionalIdForbidden(
+                        producer_config
+                            .get("transactional.id")
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
+                }
+                _ => Error::Kafka(e),
+            })?;
         let consumer = subscribed(consumer_config, &producer, &options)?;
         Ok(TxnLoop {
             consumer,

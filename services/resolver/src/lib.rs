@@ -24,15 +24,8 @@ use sluice_kit::{BlockingCodec, Shutdown, Topic};
 
 pub const SERVICE: &str = "resolver";
 
-/// The topics this service reads or writes; bootstrap creates and checks them.
-pub const TOPICS: &[Topic] = &[
-    Topic::AssetState,
-    Topic::Dependencies,
-    Topic::ResolverProgress,
-    Topic::Triggers,
-    Topic::DeadLetter,
-    Topic::Grants,
-];
+/// What it reads and writes on the broker (bootstrap and ACLs).
+pub const ACCESS: &sluice_kit::access::Access = &sluice_kit::access::RESOLVER;
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -78,7 +71,12 @@ pub enum Error {
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     metrics::describe();
-    let started = service::start(&options.common, TOPICS, &shutdown).await?;
+    let started = service::start(
+        &options.common,
+        service::KafkaNeeds::of(ACCESS).group(&options.group_id),
+        &shutdown,
+    )
+    .await?;
     let c = &options.common;
     let deps = c.topics.name(Topic::Dependencies);
     let progress = c.topics.name(Topic::ResolverProgress);

@@ -19,7 +19,8 @@ use sluice_kit::{BlockingCodec, Shutdown, Topic};
 
 pub const SERVICE: &str = "state-updater";
 
-pub const TOPICS: &[Topic] = &[Topic::AssetEvents, Topic::AssetState, Topic::DeadLetter];
+/// What it reads and writes on the broker (bootstrap and ACLs).
+pub const ACCESS: &sluice_kit::access::Access = &sluice_kit::access::STATE_UPDATER;
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -63,7 +64,12 @@ pub enum Error {
 
 pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     metrics::describe();
-    let started = service::start(&options.common, TOPICS, &shutdown).await?;
+    let started = service::start(
+        &options.common,
+        service::KafkaNeeds::of(ACCESS).group(&options.group_id),
+        &shutdown,
+    )
+    .await?;
     let c = &options.common;
     let events = c.topics.name(Topic::AssetEvents);
     let states = c.topics.name(Topic::AssetState);

@@ -368,6 +368,7 @@ pub async fn run(client: &Client, command: Command, format: Format) -> Result<()
         }
         Command::Apply { .. }
         | Command::Watch { .. }
+        | Command::Acls { .. }
         | Command::Config { .. }
         | Command::Completions { .. } => Err(Failure::Usage("handled before".into())),
     }
@@ -949,5 +950,34 @@ async fn backfill(client: &Client, a: BackfillArgs, format: Format) -> Result<()
             last["state"].as_str().unwrap_or("?"),
             output::progress(&last)
         )))
+    }
+}
+
+/// `sluice acls`: every principal's rules under `prefix`, from the access table
+/// the services check themselves against at start.
+pub fn acls(prefix: &str, hook_topics: &[String], format: Format) {
+    use sluice_kit::access::{ALL, INGESTER};
+    let items: Vec<Value> = ALL
+        .iter()
+        .flat_map(|a| {
+            let extra = if **a == INGESTER { hook_topics } else { &[] };
+            a.acls(prefix, extra).into_iter().map(move |acl| {
+                json!({"principal": a.principal(), "resource": acl.kind.to_string(),
+                       "name": acl.name, "pattern": if acl.prefixed { "prefixed" } else { "literal" },
+                       "operation": acl.operation.to_string()})
+            })
+        })
+        .collect();
+    if !output::structured(format, &Value::Array(items.clone())) {
+        output::table(
+            &items,
+            &[
+                col("PRINCIPAL", "principal"),
+                col("OPERATION", "operation"),
+                col("RESOURCE", "resource"),
+                col("PATTERN", "pattern"),
+                col("NAME", "name"),
+            ],
+        );
     }
 }

@@ -186,6 +186,23 @@ pub enum Command {
         #[arg(long, value_name = "SECS", value_parser = positive_secs)]
         idle_exit: Option<f64>,
     },
+    /// The Kafka ACLs each Sluice principal needs (from the services' own access
+    /// table): a table, JSON with -o json, or with --script the `kafka-acls` script
+    /// shipped as deploy/kafka/acls.sh.
+    Acls {
+        /// The services' SLUICE_TOPIC_PREFIX.
+        #[arg(long, default_value = "sluice.")]
+        prefix: String,
+        /// A hook topic the ingester reads (repeat for each).
+        #[arg(long = "hook-topic", value_name = "TOPIC")]
+        hook_topics: Vec<String>,
+        /// Print the parameterised shell script instead.
+        #[arg(long)]
+        script: bool,
+        /// Print the Helm chart's Strimzi KafkaUser template instead.
+        #[arg(long, conflicts_with = "script")]
+        strimzi: bool,
+    },
     /// Contexts of the config file (kubectl's `config`).
     Config {
         #[command(subcommand)]
@@ -253,6 +270,21 @@ fn main() -> ExitCode {
                     };
                 }
             }
+        }
+        Command::Acls {
+            prefix,
+            hook_topics,
+            script,
+            strimzi,
+        } => {
+            if script {
+                print!("{}", sluice_kit::access::kafka_acls_script());
+            } else if strimzi {
+                print!("{}", sluice_kit::access::strimzi_users_template());
+            } else {
+                commands::acls(&prefix, &hook_topics, cli.output);
+            }
+            return ExitCode::SUCCESS;
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;

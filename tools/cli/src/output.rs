@@ -82,11 +82,23 @@ pub fn table(items: &[Value], columns: &[Column]) {
                 out.push_str(&format!("{c:<w$}  ", w = widths[n]));
             }
         }
-        println!("{}", out.trim_end());
+        emit(out.trim_end());
     };
     line(columns.iter().map(|c| c.header.to_owned()).collect());
     for r in rows {
         line(r);
+    }
+}
+
+/// Prints a line; a reader that went away (`sluice acls | head`) ends the
+/// program quietly, as it does for other Unix tools, instead of a panic.
+pub fn emit(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
     }
 }
 
