@@ -77,3 +77,22 @@ ensure_browser() {
   bash "$HERE/ensure-venv.sh" ui "$PLAYWRIGHT_PIN"
   export SLUICE_TEST_UI_VENV="$HERE/../.stack/ui-venv"
 }
+
+# The Helm chart's checks: Helm 4 built from the Go module proxy (no release
+# download site is reachable; about three minutes the first time), and
+# kubernetes-validate from PyPI, which carries the Kubernetes schemas offline.
+HELM_PIN="helm.sh/helm/v4/cmd/helm@v4.3.2"
+KUBERNETES_VALIDATE_PIN="kubernetes-validate==1.37.0"
+ensure_kube_tools() {
+  local bin="$HERE/../.stack/tools/bin"
+  if [[ ! -x "$bin/helm" || "$(cat "$bin/.helm-pin" 2>/dev/null)" != "$HELM_PIN" ]]; then
+    command -v go >/dev/null || { printf '[helm] install Go 1.26 (golang) to build Helm\n' >&2; return 1; }
+    printf '[helm] building %s from the Go module proxy\n' "$HELM_PIN" >&2
+    mkdir -p "$bin"
+    GOBIN="$bin" GOFLAGS=-mod=mod go install "$HELM_PIN" >&2
+    printf '%s' "$HELM_PIN" >"$bin/.helm-pin"
+  fi
+  bash "$HERE/ensure-venv.sh" kube "$KUBERNETES_VALIDATE_PIN"
+  export SLUICE_TEST_HELM="$bin/helm"
+  export SLUICE_TEST_KUBERNETES_VALIDATE="$HERE/../.stack/kube-venv/bin/kubernetes-validate"
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one:
 #   installs what is missing (Kafka from Maven Central, PostgreSQL, OpenSSL headers and Chromium from the
-#   machine's packages, Airflow, the lake writers, Playwright and pyspark from PyPI into venvs, Hudi's Spark bundle from Maven Central), starts the local stack, builds, checks
+#   machine's packages, Airflow, the lake writers, Playwright, kubernetes-validate and pyspark from PyPI into venvs, Hudi's Spark bundle from Maven Central, Helm from the Go module proxy), starts the local stack, builds, checks
 #   formatting and lints, runs every test (the core's pure tests and the integration
 #   tests against the real broker, PostgreSQL and Airflow), then stops the stack again if it was not running before.
 set -euo pipefail
@@ -17,6 +17,7 @@ ensure_toolchain
 ensure_airflow
 ensure_lake
 ensure_browser
+ensure_kube_tools
 stack_up
 trap stack_down_if_started EXIT
 ensure_spark # after the stack: it brought Java and Maven

@@ -50,6 +50,38 @@ pub async fn fresh_database() -> String {
     format!("{root}/{name}")
 }
 
+/// Makes the database of `database_url` owned by `sluice_dispatcher`, a login
+/// role that is no superuser and can create neither roles nor databases, as
+/// `deploy/postgres/roles.sql` makes it; the URL that logs in as it.
+pub async fn least_privilege_dispatcher_role(database_url: &str) -> String {
+    use sqlx::Connection;
+    const PASSWORD: &str = "sluice-dispatcher-test";
+    let mut conn = sqlx::PgConnection::connect(database_url)
+        .await
+        .expect("connect to the test database");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DO $$ BEGIN CREATE ROLE sluice_dispatcher LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE \
+         PASSWORD '{PASSWORD}'; \
+         EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("create the sluice_dispatcher role");
+    let database = database_url.rsplit('/').next().expect("a database name");
+    let database = database.split('?').next().unwrap_or(database);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{database}\" OWNER TO sluice_dispatcher; \
+         ALTER SCHEMA public OWNER TO sluice_dispatcher; \
+         REVOKE CREATE ON SCHEMA public FROM PUBLIC;"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("give the database to sluice_dispatcher");
+    let (scheme, rest) = database_url.split_once("://").expect("a URL");
+    let host_and_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    format!("{scheme}://sluice_dispatcher:{PASSWORD}@{host_and_db}")
+}
+
 /// Gives the `sluice_api` role (made once per server) the grants of
 /// `deploy/postgres/api-grants.sql` in `database_url`'s database; returns the URL
 /// that connects to it as that role.

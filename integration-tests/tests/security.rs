@@ -588,6 +588,10 @@ async fn the_pipeline_runs_under_exactly_its_acls_and_a_missing_one_is_named() {
         "SLUICE_HOOK_TOPICS",
         json!([{"topic": hook, "format": "json"}]).to_string(),
     );
+    // The database least-privileged too: the dispatcher as the owner role of
+    // deploy/postgres/roles.sql (no superuser), the API with api-grants.sql only.
+    let owner = sluice_integration_tests::least_privilege_dispatcher_role(&p.database_url).await;
+    p.set("dispatcher", "SLUICE_DATABASE_URL", owner);
     const ADMIN: &str = "acl-admin-token";
     let tokens =
         sluice_integration_tests::api::tokens_file(&[("root", ADMIN, json!({"*": "admin"}))]);
@@ -677,6 +681,21 @@ async fn the_pipeline_runs_under_exactly_its_acls_and_a_missing_one_is_named() {
     })
     .await;
     assert!(ran, "the run now was dispatched\n{}", p.log_tails(20));
+
+    let pool = sqlx::PgPool::connect(&p.database_url)
+        .await
+        .expect("connect");
+    let foreign: Vec<(String, String)> = sqlx::query_as(
+        "SELECT tablename::text, tableowner::text FROM pg_tables
+         WHERE schemaname = 'public' AND tableowner <> 'sluice_dispatcher'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("pg_tables");
+    assert!(
+        foreign.is_empty(),
+        "every table is the dispatcher role's: {foreign:?}"
+    );
 
     // One ACL taken away: a new resolver instance stops at start and names it.
     let triggers = format!("{prefix}triggers");
