@@ -244,6 +244,18 @@ impl Access {
     }
 }
 
+/// The values of each key, keys in the order first seen.
+fn group_by<K: PartialEq, V>(items: impl IntoIterator<Item = (K, V)>) -> Vec<(K, Vec<V>)> {
+    let mut groups: Vec<(K, Vec<V>)> = Vec::new();
+    for (k, v) in items {
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, vs)) => vs.push(v),
+            None => groups.push((k, vec![v])),
+        }
+    }
+    groups
+}
+
 /// `deploy/kafka/acls.sh`: the whole set as `kafka-acls` calls, one call per
 /// principal, pattern type and set of resources (a call takes many resources
 /// and operations), so a broker is set up in about twenty JVM starts.
@@ -289,24 +301,16 @@ allow() {
     );
     for access in ALL {
         s.push_str(&format!("\n# {}\n", access.service));
-        let mut calls: Vec<((bool, Operation), Vec<String>)> = Vec::new();
-        for acl in access.acls("${PREFIX}", &[]) {
+        let calls = group_by(access.acls("${PREFIX}", &[]).into_iter().map(|acl| {
             let flag = format!("--{} \"{}\"", acl.kind, acl.name);
-            let key = (acl.prefixed, acl.operation);
-            match calls.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, flags)) => flags.push(flag),
-                None => calls.push((key, vec![flag])),
-            }
-        }
+            ((acl.prefixed, acl.operation), flag)
+        }));
         // Operations on the same resources go in one call (Create and DescribeConfigs).
-        let mut merged: Vec<((bool, Vec<String>), Vec<String>)> = Vec::new();
-        for ((prefixed, operation), flags) in calls {
-            let key = (prefixed, flags);
-            match merged.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, ops)) => ops.push(operation.to_string()),
-                None => merged.push((key, vec![operation.to_string()])),
-            }
-        }
+        let merged = group_by(
+            calls
+                .into_iter()
+                .map(|((prefixed, operation), flags)| ((prefixed, flags), operation.to_string())),
+        );
         for ((prefixed, flags), operations) in merged {
             let pattern = if prefixed { "prefixed" } else { "literal" };
             s.push_str(&format!(
@@ -337,14 +341,12 @@ pub fn strimzi_users_template() -> String {
          {{- $p := .Values.kafka.topicPrefix }}\n",
     );
     for access in ALL {
-        let mut rules: Vec<((ResourceKind, String, bool), Vec<Operation>)> = Vec::new();
-        for acl in access.acls("{{ $p }}", &[]) {
-            let key = (acl.kind, acl.name, acl.prefixed);
-            match rules.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, ops)) => ops.push(acl.operation),
-                None => rules.push((key, vec![acl.operation])),
-            }
-        }
+        let rules = group_by(
+            access
+                .acls("{{ $p }}", &[])
+                .into_iter()
+                .map(|acl| ((acl.kind, acl.name, acl.prefixed), acl.operation)),
+        );
         s.push_str(&format!(
             "---\n\
              apiVersion: kafka.strimzi.io/v1beta2\n\

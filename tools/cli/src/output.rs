@@ -95,10 +95,10 @@ pub fn table(items: &[Value], columns: &[Column]) {
 pub fn emit(line: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    if let Err(e) = writeln!(out, "{line}") {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
+    if let Err(e) = writeln!(out, "{line}")
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        std::process::exit(0);
     }
 }
 
