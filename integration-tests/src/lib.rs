@@ -203,7 +203,16 @@ pub fn service_binary(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("debug").join(name);
+    // A benchmark run with --release starts the release services beside it.
+    let profile = std::env::current_exe()
+        .ok()
+        .and_then(|e| {
+            e.ancestors()
+                .any(|d| d.file_name().is_some_and(|n| n == "release"))
+                .then_some("release")
+        })
+        .unwrap_or("debug");
+    let path = target.join(profile).join(name);
     assert!(
         path.exists(),
         "{} not found: build the services first (cargo build --bins)",

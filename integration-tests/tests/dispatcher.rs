@@ -1574,6 +1574,7 @@ async fn a_job_that_moved_after_its_claim_is_not_sent() {
         epoch,
         instance: "pre".into(),
         round: Duration::from_millis(100),
+        wake: Default::default(),
         look_every: Duration::from_secs(1),
         fault: sluice_dispatcher::dispatch::Fault::None,
     };

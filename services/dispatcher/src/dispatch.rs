@@ -34,6 +34,10 @@ pub struct Dispatcher {
     pub epoch: i64,
     pub instance: String,
     pub round: Duration,
+    /// Rung when new jobs are recorded (by this instance's intake, or by any
+    /// instance through PostgreSQL's `sluice_jobs` notice): the next round starts
+    /// at once instead of after `round`.
+    pub wake: Arc<tokio::sync::Notify>,
     /// How often a followed run or an UNKNOWN job is looked at.
     pub look_every: Duration,
     pub fault: Fault,
@@ -73,12 +77,44 @@ impl Dispatcher {
             tokio::select! {
                 _ = shutdown.clone().wait_stopped() => break,
                 _ = tokio::time::sleep(self.round.max(failing)) => {}
+                _ = self.wake.notified(), if failing.is_zero() => {}
                 _ = freed => {}
             }
         }
         // Sends under way finish and record their outcome; a send cut off by the
         // grace period leaves a RUNNING job for the sweep, never a resend.
         while sends.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    /// Rings `wake` on every `sluice_jobs` notice, so jobs recorded by another
+    /// instance are claimed at once. A lost connection is made again; meanwhile
+    /// the timed round goes on.
+    pub async fn listen(
+        self: Arc<Self>,
+        shutdown: Shutdown,
+    ) -> Result<(), std::convert::Infallible> {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        while !shutdown.is_stopping() {
+            let listener = async {
+                let mut l = sqlx::postgres::PgListener::connect_with(&self.pool).await?;
+                l.listen("sluice_jobs").await?;
+                loop {
+                    l.recv().await?;
+                    backoff.reset();
+                    self.wake.notify_one();
+                }
+            };
+            let result: sqlx::Result<()> = tokio::select! {
+                _ = shutdown.clone().wait_stopped() => return Ok(()),
+                r = listener => r,
+            };
+            if let Err(e) = result {
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_ms = wait.as_millis() as u64, "listening for new jobs failed; dispatching by timed rounds meanwhile");
+                tokio::time::sleep(wait).await;
+            }
+        }
         Ok(())
     }
 

@@ -36,6 +36,8 @@ pub struct Intake {
     pub dead_letter: String,
     pub batch_max: usize,
     pub batch_wait: Duration,
+    /// Rung when new jobs are recorded: the dispatch loop claims them at once.
+    pub wake: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Why a triggers record cannot become a row: it goes to the dead-letter topic.
@@ -80,6 +82,9 @@ fn to_row(msg: &BorrowedMessage<'_>, t: TriggerRecord) -> Result<NewTrigger, Str
         rerun_of: t.rerun_of,
     })
 }
+
+/// A trigger not in hand this soon after the last one is not part of the batch.
+const READY_GAP: Duration = Duration::from_millis(1);
 
 /// How one consuming stretch ended.
 enum Ended {
@@ -130,10 +135,14 @@ impl Intake {
                     continue;
                 }
             };
+            // Then what is ready: a lone trigger is recorded at once, a burst
+            // (already queued by the client) fills the batch.
             let mut batch = vec![first];
             let until = Instant::now() + self.batch_wait;
             while batch.len() < self.batch_max {
-                let left = until.saturating_duration_since(Instant::now());
+                let left = until
+                    .saturating_duration_since(Instant::now())
+                    .min(READY_GAP);
                 match tokio::time::timeout(left, self.consumer.recv()).await {
                     Ok(Ok(m)) => batch.push(m),
                     // The batch in hand is not recorded: the next consumer reads it again.
@@ -176,6 +185,9 @@ impl Intake {
         loop {
             match store::record_triggers(&self.pool, &rows).await {
                 Ok(new) => {
+                    if !new.is_empty() {
+                        self.wake.notify_one();
+                    }
                     metrics::counter!(m::TRIGGERS_RECORDED_TOTAL).increment(new.len() as u64);
                     metrics::counter!(m::TRIGGERS_DUPLICATE_TOTAL)
                         .increment((rows.len() - new.len()) as u64);

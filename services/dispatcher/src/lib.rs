@@ -265,7 +265,9 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     };
     let consumer = new_consumer()?;
     let codec = Codec::new(c.schema_registry_url.as_deref());
+    let wake = Arc::new(tokio::sync::Notify::new());
     let intake = intake::Intake {
+        wake: wake.clone(),
         consumer,
         new_consumer,
         producer: producer.clone(),
@@ -289,6 +291,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         epoch,
         instance: c.instance.clone(),
         round: options.round,
+        wake,
         look_every: options.look_every,
         fault: options.fault,
     });
@@ -306,7 +309,8 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     let mut supervisor = Supervisor::new(&shutdown);
     supervisor.heartbeat(&started.health);
     supervisor.spawn("intake", intake.run(shutdown.clone()));
-    supervisor.spawn("dispatch", dispatcher.run(shutdown.clone()));
+    supervisor.spawn("dispatch", dispatcher.clone().run(shutdown.clone()));
+    supervisor.spawn("new-job listener", dispatcher.listen(shutdown.clone()));
     supervisor.spawn("run publisher", publisher.run(shutdown.clone()));
     // The follower's thread ends only on shutdown or on a failure, which ends the
     // service: a dispatcher blind to target changes must not live on.

@@ -5,7 +5,9 @@
 //! any point replays exactly the uncommitted records and `read_committed` readers
 //! never see a half-done batch.
 //!
-//! * Records are pulled until `max_records` or `max_batch_time`, then the batch commits.
+//! * Records are pulled until nothing more is ready, `max_records` or
+//!   `max_batch_time`, then the batch commits: a lone record commits at once, a
+//!   burst (already queued by the client) fills batches.
 //! * Abortable errors abort, rewind the consumer to the committed offsets and tell the
 //!   processor to drop uncommitted changes; fatal errors end the loop with an error.
 //! * On revoke the open transaction commits inside the rebalance callback, before
@@ -527,7 +529,13 @@ impl<P: Processor> TxnLoop<P> {
                 last_tick = Instant::now();
                 self.tick(&mut open)?;
             }
-            let polled = self.consumer.poll(Duration::from_millis(50));
+            // Once a transaction is open, take only what is ready: when nothing
+            // more is, commit at once, so a lone record does not wait out the batch
+            // window; a burst is already queued and still fills the batch.
+            // Idle, poll no longer than a tick, so processor timers fire on time.
+            let polled = self
+                .consumer
+                .poll(if open { Duration::ZERO } else { TICK_EVERY });
             if handle_events(
                 &self.consumer,
                 &mut self.processor,
@@ -539,7 +547,7 @@ impl<P: Processor> TxnLoop<P> {
             }
             let msg = match polled {
                 None => {
-                    if self.stop.load(Ordering::Relaxed) {
+                    if self.stop.load(Ordering::Relaxed) || open {
                         break;
                     }
                     continue;
@@ -801,7 +809,7 @@ fn abort_open<P: Processor>(
     Ok(())
 }
 
-/// How often `Processor::tick` runs while records keep arriving.
+/// How often `Processor::tick` runs, and so the longest an idle poll waits.
 const TICK_EVERY: Duration = Duration::from_millis(20);
 
 enum BatchError {

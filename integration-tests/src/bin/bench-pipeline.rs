@@ -1,0 +1,458 @@
+//! The whole pipeline's benchmark: the four services as release processes on the
+//! local stack (exactly once everywhere), commits pushed to the ingester at fixed
+//! rates over 10,000 assets read by 1,000 dependencies (one in ten commits fires
+//! one), measuring commit → trigger (on the triggers topic) and commit → dispatch
+//! (at a webhook) p50 / p99 / max, then the sustained end-to-end rate of commits
+//! pushed as fast as the pipeline takes them — beside, in the same run, the
+//! physical floor: a record produced and read back `read_committed` through three
+//! topics (two relays, the services' producer settings), and raw produce throughput.
+//!
+//!   eval "$(compose/stack.sh env)"; cargo build --release --bins
+//!   cargo run --release -p sluice-integration-tests --bin bench-pipeline -- [seconds per rate] [commits at full speed]
+//!
+//! Defaults: 10 s at 100/s and at 1,000/s; 100,000 commits at full speed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
+use sluice_integration_tests::{create_topic, kafka, produce_all, unique};
+use sluice_kit::wire::TriggerRecord;
+use sluice_kit::{BlockingCodec, SchemaName, Topic};
+
+const ASSETS: usize = 10_000;
+const DEPENDENCIES: usize = 1_000;
+const PARTITIONS: i32 = 4;
+
+fn asset(i: usize) -> String {
+    format!("lake.bench.a{i:05}")
+}
+
+/// When each (asset, snapshot) was seen somewhere.
+type Seen = Arc<Mutex<HashMap<(String, i64), Instant>>>;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+struct Latency {
+    p50: f64,
+    p99: f64,
+    max: f64,
+    n: usize,
+}
+
+fn latency(sent: &HashMap<(String, i64), Instant>, seen: &Seen) -> Latency {
+    let seen = seen.lock().expect("lock");
+    let mut ms: Vec<f64> = sent
+        .iter()
+        .filter_map(|(k, t0)| {
+            seen.get(k)
+                .map(|t| t.saturating_duration_since(*t0).as_secs_f64() * 1e3)
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    Latency {
+        p50: percentile(&ms, 0.5),
+        p99: percentile(&ms, 0.99),
+        max: ms.last().copied().unwrap_or(f64::NAN),
+        n: ms.len(),
+    }
+}
+
+/// The floor: produce to A; a relay reads A and writes B, another B → C; a reader
+/// of C sees it. Every reader is `read_committed`, every producer the services'.
+fn floor_round_trip(topics: &[String], records: usize, rate: u64) -> Latency {
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = |topic: &str| {
+        let c: BaseConsumer = kafka().reader_config(&unique("floor")).create().expect("c");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, 0, Offset::End)
+            .expect("tpl");
+        c.assign(&tpl).expect("assign");
+        c
+    };
+    let mut relays = Vec::new();
+    for hop in 0..2 {
+        let (from, to) = (topics[hop].clone(), topics[hop + 1].clone());
+        let c = reader(&from);
+        let stop = stop.clone();
+        relays.push(std::thread::spawn(move || {
+            let p: BaseProducer = kafka().producer_config("floor").create().expect("p");
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(Ok(m)) = c.poll(Duration::from_millis(10)) {
+                    let payload = m.payload().unwrap_or_default().to_vec();
+                    let _ = p.send(BaseRecord::<(), _>::to(&to).payload(&payload));
+                }
+                p.poll(Duration::ZERO);
+            }
+        }));
+    }
+    let last = reader(&topics[2]);
+    std::thread::sleep(Duration::from_secs(2)); // the relays' assignments take effect
+    let p: BaseProducer = kafka().producer_config("floor").create().expect("p");
+    let started = Instant::now();
+    let mut sent = HashMap::new();
+    let seen: Seen = Arc::default();
+    for i in 0..records {
+        let due = started + Duration::from_micros(i as u64 * 1_000_000 / rate);
+        while Instant::now() < due {
+            if let Some(Ok(m)) = last.poll(Duration::from_micros(200)) {
+                let n: i64 = std::str::from_utf8(m.payload().unwrap_or_default())
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(-1);
+                seen.lock()
+                    .expect("lock")
+                    .insert((String::new(), n), Instant::now());
+            }
+            p.poll(Duration::ZERO);
+        }
+        let payload = i.to_string();
+        sent.insert((String::new(), i as i64), Instant::now());
+        let _ = p.send(BaseRecord::<(), _>::to(&topics[0]).payload(&payload));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.lock().expect("lock").len() < records && Instant::now() < deadline {
+        if let Some(Ok(m)) = last.poll(Duration::from_millis(10)) {
+            let n: i64 = std::str::from_utf8(m.payload().unwrap_or_default())
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(-1);
+            seen.lock()
+                .expect("lock")
+                .insert((String::new(), n), Instant::now());
+        }
+        p.poll(Duration::ZERO);
+    }
+    let _ = p.flush(Duration::from_secs(5));
+    stop.store(true, Ordering::Relaxed);
+    for r in relays {
+        let _ = r.join();
+    }
+    latency(&sent, &seen)
+}
+
+/// Reads the triggers topic, noting when each (asset, snapshot) trigger appears.
+fn follow_triggers(
+    topic: String,
+    seen: Seen,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let c: BaseConsumer = kafka()
+            .reader_config(&unique("bp-triggers"))
+            .create()
+            .expect("c");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition_offset(&topic, p, Offset::Beginning)
+                .expect("tpl");
+        }
+        c.assign(&tpl).expect("assign");
+        let codec = BlockingCodec::new(None).expect("codec");
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
+                let at = Instant::now();
+                let Some(bytes) = m.payload() else { continue };
+                if let Ok(t) = codec.decode::<TriggerRecord>(SchemaName::TriggerRequest, bytes) {
+                    for i in &t.inputs {
+                        seen.lock()
+                            .expect("lock")
+                            .insert((i.asset_key.clone(), i.snapshot_id), at);
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn commit(i: usize, seq: i64) -> Value {
+    json!({"asset_key": asset(i), "format": "paimon", "snapshot_id": seq, "sequence": seq,
+           "commit_time_ms": 1_764_633_600_000i64 + seq, "operation": "append"})
+}
+
+async fn push(client: &reqwest::Client, url: &str, commits: Vec<Value>) {
+    loop {
+        let r = client
+            .post(url)
+            .bearer_auth(TOKEN)
+            .json(&json!({"commits": commits}))
+            .send()
+            .await;
+        match r {
+            Ok(r) if r.status().is_success() => return,
+            Ok(r) if r.status().as_u16() == 429 || r.status().as_u16() == 503 => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(r) => panic!(
+                "push: {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            ),
+            Err(e) => panic!("push: {e}"),
+        }
+    }
+}
+
+/// Waits until `seen` holds every key of `sent` (or `within` passes).
+async fn wait_for(sent: &HashMap<(String, i64), Instant>, seen: &Seen, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let all = {
+            let s = seen.lock().expect("lock");
+            sent.keys().all(|k| s.contains_key(k))
+        };
+        if all {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mut args = std::env::args()
+        .skip(1)
+        .map(|a| a.parse::<u64>().expect("a number"));
+    let seconds = args.next().unwrap_or(10);
+    let full_speed = args.next().unwrap_or(100_000) as usize;
+
+    // The floor first, on a quiet machine.
+    let mut floor_topics = Vec::new();
+    for _ in 0..6 {
+        floor_topics.push(create_topic(1).await);
+    }
+    let floor_100 =
+        tokio::task::block_in_place(|| floor_round_trip(&floor_topics[..3], 1_000, 100));
+    let floor_1000 =
+        tokio::task::block_in_place(|| floor_round_trip(&floor_topics[3..], 5_000, 1_000));
+    let raw_topic = create_topic(PARTITIONS).await;
+    let raw: Vec<(String, Vec<u8>)> = (0..200_000)
+        .map(|i| {
+            (
+                asset(i % ASSETS),
+                commit(i % ASSETS, i as i64).to_string().into_bytes(),
+            )
+        })
+        .collect();
+    let raw_produce = produce_all(&raw_topic, &raw);
+
+    // The pipeline, with a webhook that notes each dispatch.
+    let dispatched: Seen = Arc::default();
+    let d = dispatched.clone();
+    let port = sluice_integration_tests::serve(axum::Router::new().route(
+        "/hook",
+        post(move |body: String| {
+            let d = d.clone();
+            async move {
+                let at = Instant::now();
+                if let Ok(v) = serde_json::from_str::<Value>(&body) {
+                    for i in v["inputs"].as_array().into_iter().flatten() {
+                        if let (Some(a), Some(s)) = (i["asset"].as_str(), i["snapshot_id"].as_i64())
+                        {
+                            d.lock().expect("lock").insert((a.to_owned(), s), at);
+                        }
+                    }
+                }
+                "ok"
+            }
+        }),
+    ))
+    .await;
+    let mut p = Pipeline::new(PARTITIONS, &[]).await;
+    p.set(
+        "dispatcher",
+        "SLUICE_TARGETS",
+        format!(r#"[{{"kind": "webhook", "name": "*", "url": "http://127.0.0.1:{port}/hook", "idempotent": true, "max_in_flight": 256}}]"#),
+    );
+    p.start_all().await;
+    let specs: Vec<Value> = (0..DEPENDENCIES)
+        .map(|d| {
+            json!({"id": format!("dep-{d:04}"), "version": 1, "owner_project": "bench",
+                   "target": {"kind": "webhook", "name": "bench"},
+                   "condition": {"input": {"asset": asset(d * ASSETS / DEPENDENCIES)}}})
+        })
+        .collect();
+    let file = std::env::temp_dir().join(unique("bp-specs.json"));
+    std::fs::write(&file, Value::Array(specs).to_string()).expect("specs");
+    let out = p.cli(&["apply", &file.to_string_lossy()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let triggered: Seen = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = follow_triggers(
+        p.names.name(Topic::Triggers),
+        triggered.clone(),
+        stop.clone(),
+    );
+    let client = reqwest::Client::new();
+    let url = p.push_url();
+    let fires = |i: usize| i.is_multiple_of(ASSETS / DEPENDENCIES);
+    let mut seq = vec![0i64; ASSETS];
+
+    // Warm-up: every asset once (every dependency fires once).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut warm = HashMap::new();
+    for chunk in (0..ASSETS).collect::<Vec<_>>().chunks(500) {
+        let commits = chunk
+            .iter()
+            .map(|&i| {
+                seq[i] += 1;
+                if fires(i) {
+                    warm.insert((asset(i), seq[i]), Instant::now());
+                }
+                commit(i, seq[i])
+            })
+            .collect();
+        push(&client, &url, commits).await;
+    }
+    wait_for(&warm, &dispatched, Duration::from_secs(120)).await;
+    let warmed = latency(&warm, &dispatched).n;
+    assert_eq!(
+        warmed,
+        DEPENDENCIES,
+        "warm-up: every dependency dispatched once\n{}",
+        p.log_tails(20)
+    );
+
+    // Fixed rates: one commit per request, on a schedule; one in ten fires.
+    let mut rows = Vec::new();
+    let mut next = 0usize;
+    for rate in [100u64, 1_000] {
+        let n = (rate * seconds) as usize;
+        let mut sent = HashMap::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let started = Instant::now();
+        for k in 0..n {
+            let due = started + Duration::from_micros(k as u64 * 1_000_000 / rate);
+            tokio::time::sleep_until(due.into()).await;
+            let i = next % ASSETS;
+            next += 7; // co-prime with 10,000: every asset in turn, one in ten firing
+            seq[i] += 1;
+            if fires(i) {
+                sent.insert((asset(i), seq[i]), Instant::now());
+            }
+            let (client, url, c) = (client.clone(), url.clone(), commit(i, seq[i]));
+            tasks.spawn(async move { push(&client, &url, vec![c]).await });
+        }
+        while tasks.join_next().await.is_some() {}
+        wait_for(&sent, &dispatched, Duration::from_secs(60)).await;
+        let trig = latency(&sent, &triggered);
+        let disp = latency(&sent, &dispatched);
+        assert_eq!(
+            disp.n,
+            sent.len(),
+            "every firing commit dispatched at {rate}/s\n{}",
+            p.log_tails(20)
+        );
+        rows.push((rate, trig, disp));
+    }
+
+    // As fast as it takes: batches of 500, 8 requests in flight.
+    let mut sent = HashMap::new();
+    let mut batches = Vec::new();
+    for _ in 0..full_speed.div_ceil(500) {
+        let mut b = Vec::with_capacity(500);
+        for _ in 0..500 {
+            let i = next % ASSETS;
+            next += 7;
+            seq[i] += 1;
+            if fires(i) {
+                sent.insert((asset(i), seq[i]), Instant::now());
+            }
+            b.push(commit(i, seq[i]));
+        }
+        batches.push(b);
+    }
+    let started = Instant::now();
+    let queue = Arc::new(Mutex::new(batches));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (client, url, queue) = (client.clone(), url.clone(), queue.clone());
+        tasks.spawn(async move {
+            loop {
+                let Some(b) = queue.lock().expect("lock").pop() else {
+                    return;
+                };
+                push(&client, &url, b).await;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let accepted = started.elapsed().as_secs_f64();
+    wait_for(&sent, &dispatched, Duration::from_secs(300)).await;
+    let end = sent
+        .keys()
+        .filter_map(|k| dispatched.lock().expect("lock").get(k).copied())
+        .max()
+        .expect("dispatches");
+    let total = end.saturating_duration_since(started).as_secs_f64();
+    let done = latency(&sent, &dispatched).n;
+    stop.store(true, Ordering::Relaxed);
+    let _ = follower.join();
+
+    let commits = (full_speed.div_ceil(500) * 500) as f64;
+    println!(
+        "\nbench-pipeline: {ASSETS} assets, {DEPENDENCIES} dependencies, {PARTITIONS} partitions, exactly once; one in ten commits fires"
+    );
+    println!("| what | p50 | p99 | max | vs floor (p50) |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (rate, floor) in [(100, &floor_100), (1_000, &floor_1000)] {
+        println!(
+            "| floor at {rate}/s: produce → read_committed through 3 topics ({} records) | {:.1} ms | {:.1} ms | {:.1} ms | 1 |",
+            floor.n, floor.p50, floor.p99, floor.max
+        );
+    }
+    for (rate, trig, disp) in &rows {
+        let floor = if *rate == 100 {
+            &floor_100
+        } else {
+            &floor_1000
+        };
+        println!(
+            "| {rate} commits/s: commit → trigger ({} triggers) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}× |",
+            trig.n,
+            trig.p50,
+            trig.p99,
+            trig.max,
+            trig.p50 / floor.p50
+        );
+        println!(
+            "| {rate} commits/s: commit → dispatch to a webhook | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}× |",
+            disp.p50,
+            disp.p99,
+            disp.max,
+            disp.p50 / floor.p50
+        );
+    }
+    println!("\n| what | rate | vs raw produce |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| raw produce (idempotent, acks=all), 200,000 commit notices | {raw_produce:.0} /s | 1 |"
+    );
+    println!(
+        "| {commits:.0} commits pushed at full speed, accepted by the ingester | {:.0} commits/s | {:.2}× |",
+        commits / accepted,
+        commits / accepted / raw_produce
+    );
+    println!(
+        "| the same, end to end (the last of its {done} dispatches) | {:.0} commits/s | {:.2}× |",
+        commits / total,
+        commits / total / raw_produce
+    );
+}
