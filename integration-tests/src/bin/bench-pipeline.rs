@@ -22,9 +22,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::{Value, json};
+use sluice_core::AssetEvent;
 use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
 use sluice_integration_tests::{create_topic, kafka, produce_all, unique};
-use sluice_kit::wire::TriggerRecord;
+use sluice_kit::wire::{StateRecord, TriggerRecord};
 use sluice_kit::{BlockingCodec, SchemaName, Topic};
 
 const ASSETS: usize = 10_000;
@@ -102,6 +103,16 @@ fn floor_round_trip(topics: &[String], records: usize, rate: u64) -> Latency {
     let last = reader(&topics[2]);
     std::thread::sleep(Duration::from_secs(2)); // the relays' assignments take effect
     let p: BaseProducer = kafka().producer_config("floor").create().expect("p");
+    // Warm-up, not measured: metadata and connections of every client in the path.
+    let warm_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < warm_until {
+        let _ = p.send(BaseRecord::<(), _>::to(&topics[0]).payload("warm-up"));
+        p.poll(Duration::ZERO);
+        let next = Instant::now() + Duration::from_millis(10);
+        while Instant::now() < next {
+            let _ = last.poll(Duration::from_millis(1));
+        }
+    }
     let started = Instant::now();
     let mut sent = HashMap::new();
     let seen: Seen = Arc::default();
@@ -144,37 +155,77 @@ fn floor_round_trip(topics: &[String], records: usize, rate: u64) -> Latency {
     latency(&sent, &seen)
 }
 
-/// Reads the triggers topic, noting when each (asset, snapshot) trigger appears.
-fn follow_triggers(
+/// Where a record says it carries (asset, snapshot) pairs.
+type Keys = fn(&BlockingCodec, &[u8]) -> Vec<(String, i64)>;
+
+fn event_keys(codec: &BlockingCodec, bytes: &[u8]) -> Vec<(String, i64)> {
+    codec
+        .decode::<AssetEvent>(SchemaName::AssetEvent, bytes)
+        .map(|e| vec![(e.asset_key.to_string(), e.snapshot_id)])
+        .unwrap_or_default()
+}
+
+fn state_keys(codec: &BlockingCodec, bytes: &[u8]) -> Vec<(String, i64)> {
+    codec
+        .decode::<StateRecord>(SchemaName::AssetState, bytes)
+        .ok()
+        .and_then(|s| Some((s.asset_key.to_string(), s.latest?.snapshot_id)))
+        .into_iter()
+        .collect()
+}
+
+fn trigger_keys(codec: &BlockingCodec, bytes: &[u8]) -> Vec<(String, i64)> {
+    codec
+        .decode::<TriggerRecord>(SchemaName::TriggerRequest, bytes)
+        .map(|t| {
+            t.inputs
+                .into_iter()
+                .map(|i| (i.asset_key, i.snapshot_id))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Reads a topic `read_committed`, noting when each (asset, snapshot) first appears.
+/// Returns, for each record, how long after its producer wrote it (CreateTime) it
+/// became visible: the cost of the producing transaction's commit.
+fn follow(
     topic: String,
+    keys: Keys,
     seen: Seen,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<()> {
+) -> std::thread::JoinHandle<Vec<f64>> {
     std::thread::spawn(move || {
         let c: BaseConsumer = kafka()
-            .reader_config(&unique("bp-triggers"))
+            .reader_config(&unique("bp-follow"))
             .create()
             .expect("c");
         let mut tpl = TopicPartitionList::new();
         for p in 0..PARTITIONS {
-            tpl.add_partition_offset(&topic, p, Offset::Beginning)
+            tpl.add_partition_offset(&topic, p, Offset::End)
                 .expect("tpl");
         }
         c.assign(&tpl).expect("assign");
         let codec = BlockingCodec::new(None).expect("codec");
+        let mut visible_after = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
                 let at = Instant::now();
+                if let Some(created) = m.timestamp().to_millis() {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64() * 1e3)
+                        .unwrap_or_default();
+                    visible_after.push(now - created as f64);
+                }
                 let Some(bytes) = m.payload() else { continue };
-                if let Ok(t) = codec.decode::<TriggerRecord>(SchemaName::TriggerRequest, bytes) {
-                    for i in &t.inputs {
-                        seen.lock()
-                            .expect("lock")
-                            .insert((i.asset_key.clone(), i.snapshot_id), at);
-                    }
+                let mut seen = seen.lock().expect("lock");
+                for k in keys(&codec, bytes) {
+                    seen.entry(k).or_insert(at);
                 }
             }
         }
+        visible_after
     })
 }
 
@@ -293,13 +344,14 @@ async fn main() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let triggered: Seen = Arc::default();
+    let (ingested, folded, triggered): (Seen, Seen, Seen) = Default::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let follower = follow_triggers(
-        p.names.name(Topic::Triggers),
-        triggered.clone(),
-        stop.clone(),
-    );
+    let followers = [
+        (Topic::AssetEvents, event_keys as Keys, &ingested),
+        (Topic::AssetState, state_keys, &folded),
+        (Topic::Triggers, trigger_keys, &triggered),
+    ]
+    .map(|(topic, keys, seen)| follow(p.names.name(topic), keys, seen.clone(), stop.clone()));
     let client = reqwest::Client::new();
     let url = p.push_url();
     let fires = |i: usize| i.is_multiple_of(ASSETS / DEPENDENCIES);
@@ -352,15 +404,14 @@ async fn main() {
         }
         while tasks.join_next().await.is_some() {}
         wait_for(&sent, &dispatched, Duration::from_secs(60)).await;
-        let trig = latency(&sent, &triggered);
-        let disp = latency(&sent, &dispatched);
+        let hops = [&ingested, &folded, &triggered, &dispatched].map(|s| latency(&sent, s));
         assert_eq!(
-            disp.n,
+            hops[3].n,
             sent.len(),
             "every firing commit dispatched at {rate}/s\n{}",
             p.log_tails(20)
         );
-        rows.push((rate, trig, disp));
+        rows.push((rate, hops));
     }
 
     // As fast as it takes: batches of 500, 8 requests in flight.
@@ -404,7 +455,11 @@ async fn main() {
     let total = end.saturating_duration_since(started).as_secs_f64();
     let done = latency(&sent, &dispatched).n;
     stop.store(true, Ordering::Relaxed);
-    let _ = follower.join();
+    let visible_after = followers.map(|f| {
+        let mut ms = f.join().unwrap_or_default();
+        ms.sort_by(f64::total_cmp);
+        ms
+    });
 
     let commits = (full_speed.div_ceil(500) * 500) as f64;
     println!(
@@ -418,26 +473,39 @@ async fn main() {
             floor.n, floor.p50, floor.p99, floor.max
         );
     }
-    for (rate, trig, disp) in &rows {
+    for (rate, hops) in &rows {
         let floor = if *rate == 100 {
             &floor_100
         } else {
             &floor_1000
         };
+        let stages = [
+            "commit → asset event (ingester)",
+            "commit → asset state (state-updater)",
+            "commit → trigger (resolver)",
+            "commit → dispatch to a webhook (dispatcher)",
+        ];
+        for (what, l) in stages.iter().zip(hops) {
+            println!(
+                "| {rate} commits/s: {what}, {} commits | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}× |",
+                l.n,
+                l.p50,
+                l.p99,
+                l.max,
+                l.p50 / floor.p50
+            );
+        }
+    }
+    println!("\n| written → visible to read_committed (whole run) | p50 | p99 |");
+    println!("| --- | --- | --- |");
+    for (what, ms) in ["asset events", "asset state", "triggers"]
+        .iter()
+        .zip(&visible_after)
+    {
         println!(
-            "| {rate} commits/s: commit → trigger ({} triggers) | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}× |",
-            trig.n,
-            trig.p50,
-            trig.p99,
-            trig.max,
-            trig.p50 / floor.p50
-        );
-        println!(
-            "| {rate} commits/s: commit → dispatch to a webhook | {:.1} ms | {:.1} ms | {:.1} ms | {:.1}× |",
-            disp.p50,
-            disp.p99,
-            disp.max,
-            disp.p50 / floor.p50
+            "| {what} | {:.1} ms | {:.1} ms |",
+            percentile(ms, 0.5),
+            percentile(ms, 0.99)
         );
     }
     println!("\n| what | rate | vs raw produce |");

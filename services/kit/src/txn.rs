@@ -615,6 +615,7 @@ impl<P: Processor> TxnLoop<P> {
         let Some(offsets) = self.take_offsets() else {
             return Ok(());
         };
+        let committing = Instant::now();
         let result = self
             .consumer
             .group_metadata()
@@ -627,6 +628,8 @@ impl<P: Processor> TxnLoop<P> {
             Ok(()) => {
                 metrics::counter!(m::TXN_COMMITTED_TOTAL).increment(1);
                 metrics::histogram!(m::TXN_RECORDS).record(records as f64);
+                metrics::histogram!(m::TXN_COMMIT_SECONDS)
+                    .record(committing.elapsed().as_secs_f64());
                 self.processor.committed();
                 Ok(())
             }
