@@ -41,6 +41,137 @@ pub struct Dispatcher {
     /// How often a followed run or an UNKNOWN job is looked at.
     pub look_every: Duration,
     pub fault: Fault,
+    /// Outcomes waiting to be recorded together.
+    pub outcomes: Outcomes,
+}
+
+/// Group commit of the jobs' transitions: while one statement records a batch,
+/// the outcomes that arrive meanwhile wait and go in the next, so a busy
+/// dispatcher pays one round trip and one commit for many jobs, an idle one
+/// nothing more than before (one statement per job was what bounded dispatch).
+#[derive(Default)]
+pub struct Outcomes {
+    queue: std::sync::Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Outcome>,
+    /// A caller is recording batches: new outcomes only wait for it.
+    recording: bool,
+}
+
+struct Outcome {
+    trigger_key: String,
+    revision: i64,
+    status: Status,
+    owner: Option<(String, i64)>,
+    transition: Transition,
+    follow_for: Duration,
+    /// Whether the transition won, or why it could not be recorded.
+    done: tokio::sync::oneshot::Sender<Result<bool, String>>,
+}
+
+/// The most transitions one statement records.
+const RECORD_BATCH: usize = 500;
+
+impl Outcomes {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `t` from `from` with the outcomes that wait beside it; returns
+    /// whether it won its guard. The first caller to find nobody recording
+    /// records every batch until none waits.
+    async fn record(
+        &self,
+        pool: &PgPool,
+        from: &Expect<'_>,
+        t: &Transition,
+        follow_for: Duration,
+        epoch: i64,
+    ) -> Result<bool, String> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut q = self.queue();
+            q.waiting.push(Outcome {
+                trigger_key: from.trigger_key.to_owned(),
+                revision: from.revision,
+                status: from.status,
+                owner: from.owner.map(|(inv, e)| (inv.to_owned(), e)),
+                transition: t.clone(),
+                follow_for,
+                done,
+            });
+            !std::mem::replace(&mut q.recording, true)
+        };
+        if lead {
+            // Cancelled mid-way, the leader hands the role on: the next caller leads.
+            let mut handover = Handover {
+                outcomes: self,
+                done: false,
+            };
+            while let Some(batch) = self.next_batch() {
+                let rows: Vec<_> = batch
+                    .iter()
+                    .map(|o| {
+                        let from = Expect {
+                            trigger_key: &o.trigger_key,
+                            revision: o.revision,
+                            status: o.status,
+                            owner: o.owner.as_ref().map(|(inv, e)| (inv.as_str(), *e)),
+                        };
+                        (from, &o.transition, o.follow_for)
+                    })
+                    .collect();
+                let outcome = store::transitions(pool, &rows, epoch).await;
+                drop(rows);
+                metrics::histogram!(m::TRANSITIONS_PER_STATEMENT).record(batch.len() as f64);
+                for (i, o) in batch.into_iter().enumerate() {
+                    let _ = o.done.send(match &outcome {
+                        Ok(won) => Ok(won[i]),
+                        Err(e) => Err(e.to_string()),
+                    });
+                }
+            }
+            handover.done = true;
+        }
+        result
+            .await
+            .unwrap_or_else(|_| Err("the recording caller went away".into()))
+    }
+
+    /// The next batch: distinct jobs, oldest first; `None` ends the lead.
+    fn next_batch(&self) -> Option<Vec<Outcome>> {
+        let mut q = self.queue();
+        if q.waiting.is_empty() {
+            q.recording = false;
+            return None;
+        }
+        let mut keys = std::collections::HashSet::new();
+        let end = q
+            .waiting
+            .iter()
+            .take(RECORD_BATCH)
+            .position(|o| !keys.insert(o.trigger_key.clone()))
+            .unwrap_or(q.waiting.len().min(RECORD_BATCH));
+        Some(q.waiting.drain(..end).collect())
+    }
+}
+
+/// Gives up the recording role if its holder is dropped before it is done (a
+/// cancelled send): its waiters see their outcome gone, retry, and one leads.
+struct Handover<'a> {
+    outcomes: &'a Outcomes,
+    done: bool,
+}
+
+impl Drop for Handover<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.outcomes.queue().recording = false;
+        }
+    }
 }
 
 impl Dispatcher {
@@ -49,10 +180,15 @@ impl Dispatcher {
         let mut sends: JoinSet<()> = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         let mut failing;
+        let mut chores_done: Option<tokio::time::Instant> = None;
         while !shutdown.is_stopping() {
             while sends.try_join_next().is_some() {}
-            let claimed = match self.round(&mut sends).await {
+            let chores = chores_done.is_none_or(|at| at.elapsed() >= self.round);
+            let claimed = match self.round(&mut sends, chores).await {
                 Ok(claimed) => {
+                    if chores {
+                        chores_done = Some(tokio::time::Instant::now());
+                    }
                     failing = Duration::ZERO;
                     backoff.reset();
                     claimed
@@ -118,9 +254,34 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// One round; returns how many jobs it claimed.
-    async fn round(self: &Arc<Self>, sends: &mut JoinSet<()>) -> sqlx::Result<usize> {
+    /// One round; returns how many jobs it claimed. With `chores`, it also sweeps
+    /// deadlines, cancels, and follows and reconciles jobs; a busy dispatcher's
+    /// back-to-back rounds only claim (the chores cost as much as a claim).
+    async fn round(self: &Arc<Self>, sends: &mut JoinSet<()>, chores: bool) -> sqlx::Result<usize> {
         let mut total = 0;
+        if self.targets.refresh() {
+            // A target declared or changed: jobs postponed for want of one go now.
+            let woken = store::wake_unroutable(&self.pool).await?;
+            if woken > 0 {
+                tracing::info!(
+                    jobs = woken,
+                    "targets changed: unroutable jobs looked at again"
+                );
+            }
+        }
+        if chores {
+            self.chores().await?;
+        }
+        self.claim_due(sends, &mut total).await?;
+        if chores {
+            self.look(Status::Running).await?;
+            self.look(Status::Unknown).await?;
+        }
+        Ok(total)
+    }
+
+    /// Deadlines passed, backfills cancelled.
+    async fn chores(&self) -> sqlx::Result<()> {
         let swept = store::sweep_deadlines(&self.pool).await?;
         if !swept.is_empty() {
             metrics::counter!(m::SWEPT_TOTAL).increment(swept.len() as u64);
@@ -134,16 +295,15 @@ impl Dispatcher {
                 "PENDING jobs of cancelled backfills → CANCELLED"
             );
         }
-        if self.targets.refresh() {
-            // A target declared or changed: jobs postponed for want of one go now.
-            let woken = store::wake_unroutable(&self.pool).await?;
-            if woken > 0 {
-                tracing::info!(
-                    jobs = woken,
-                    "targets changed: unroutable jobs looked at again"
-                );
-            }
-        }
+        Ok(())
+    }
+
+    /// Claims the due jobs of each target within its caps and starts their sends.
+    async fn claim_due(
+        self: &Arc<Self>,
+        sends: &mut JoinSet<()>,
+        total: &mut usize,
+    ) -> sqlx::Result<()> {
         let targets = self.targets.current();
         for (kind, name) in store::due_targets(&self.pool).await? {
             let Some(target) = Kind::parse(&kind).and_then(|k| targets.get(k, &name)) else {
@@ -180,16 +340,14 @@ impl Dispatcher {
                 );
                 std::process::abort();
             }
-            total += claimed.len();
+            *total += claimed.len();
             for job in claimed {
                 let me = self.clone();
                 let target = target.clone();
                 sends.spawn(async move { me.send(target, job).await });
             }
         }
-        self.look(Status::Running).await?;
-        self.look(Status::Unknown).await?;
-        Ok(total)
+        Ok(())
     }
 
     /// The one send of a claimed invocation, then its outcome under the invocation's guard.
@@ -247,7 +405,9 @@ impl Dispatcher {
     async fn apply(&self, from: &Expect<'_>, t: &Transition, target: &Target) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         for _ in 0..20 {
-            match store::transition(&self.pool, from, t, target.timing.run_timeout, self.epoch)
+            match self
+                .outcomes
+                .record(&self.pool, from, t, target.timing.run_timeout, self.epoch)
                 .await
             {
                 Ok(true) => return,

@@ -294,6 +294,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         wake,
         look_every: options.look_every,
         fault: options.fault,
+        outcomes: Default::default(),
     });
     let publisher = publish::Publisher {
         pool: pool.clone(),

@@ -9,6 +9,7 @@ pub const SWEPT_TOTAL: &str = "sluice_dispatcher_deadline_swept_total";
 pub const BACKFILL_CANCELLED_TOTAL: &str = "sluice_dispatcher_backfill_cancelled_total";
 pub const RECONCILED_TOTAL: &str = "sluice_dispatcher_reconciled_total";
 pub const TRANSITIONS_LOST_TOTAL: &str = "sluice_dispatcher_transitions_lost_total";
+pub const TRANSITIONS_PER_STATEMENT: &str = "sluice_dispatcher_transitions_per_statement";
 pub const UNROUTABLE_TOTAL: &str = "sluice_dispatcher_unroutable_total";
 pub const RUNS_PUBLISHED_TOTAL: &str = "sluice_dispatcher_runs_published_total";
 pub const TARGETS: &str = "sluice_dispatcher_targets";
@@ -54,6 +55,10 @@ pub fn describe() {
     describe_counter!(
         TRANSITIONS_LOST_TOTAL,
         "Transitions refused by the compare-and-set (the job had moved)"
+    );
+    describe_histogram!(
+        TRANSITIONS_PER_STATEMENT,
+        "Job transitions recorded together by one statement (group commit)"
     );
     describe_counter!(
         UNROUTABLE_TOTAL,

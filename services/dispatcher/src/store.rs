@@ -340,43 +340,110 @@ pub async fn transition(
     follow_for: Duration,
     epoch: i64,
 ) -> sqlx::Result<bool> {
-    let (status, reason, external_id, delay_ms): (Status, Option<&str>, Option<&str>, i64) = match t
-    {
-        Transition::Stay => return Ok(true),
-        Transition::Retry { delay, reason } => {
-            (Status::Pending, Some(reason.as_str()), None, millis(*delay))
-        }
-        Transition::Succeed { external_id } => (Status::Succeeded, None, external_id.as_deref(), 0),
-        Transition::Fail { reason } => (Status::Failed, Some(reason.as_str()), None, 0),
-        Transition::Follow { external_id } => (Status::Running, None, external_id.as_deref(), 0),
-        Transition::Unknown { reason } => (Status::Unknown, Some(reason.as_str()), None, 0),
-    };
-    let (inv, owner_epoch) = from.owner.unwrap_or(("", -1));
-    let done = sqlx::query(
-        r#"
-UPDATE jobs SET status = $1, revision = revision + 1, reason = COALESCE($2, reason),
-       external_id = COALESCE($3, external_id), next_attempt_at = now() + $4 * interval '1 millisecond',
-       deadline_at = CASE WHEN $1 = 'RUNNING' THEN now() + $5 * interval '1 millisecond' ELSE deadline_at END,
-       epoch = CASE WHEN $1 = 'RUNNING' THEN $6 ELSE epoch END,
+    Ok(transitions(pool, &[(from.clone(), t, follow_for)], epoch)
+        .await?
+        .first()
+        .copied()
+        .unwrap_or(false))
+}
+
+/// Applies many transitions in one statement (one round trip, one commit), each
+/// under its own guard; returns, in order, whether each won. The jobs must be
+/// distinct: one row is matched by at most one guard.
+pub async fn transitions(
+    pool: &PgPool,
+    batch: &[(Expect<'_>, &Transition, Duration)],
+    epoch: i64,
+) -> sqlx::Result<Vec<bool>> {
+    let mut cols = Columns::default();
+    let mut applied = Vec::with_capacity(batch.len());
+    for (from, t, follow_for) in batch {
+        let (status, reason, external_id, delay_ms) = match t {
+            // Nothing to record: the job stays as it is.
+            Transition::Stay => {
+                applied.push(false);
+                continue;
+            }
+            Transition::Retry { delay, reason } => {
+                (Status::Pending, Some(reason.clone()), None, millis(*delay))
+            }
+            Transition::Succeed { external_id } => {
+                (Status::Succeeded, None, external_id.clone(), 0)
+            }
+            Transition::Fail { reason } => (Status::Failed, Some(reason.clone()), None, 0),
+            Transition::Follow { external_id } => (Status::Running, None, external_id.clone(), 0),
+            Transition::Unknown { reason } => (Status::Unknown, Some(reason.clone()), None, 0),
+        };
+        applied.push(true);
+        let (inv, owner_epoch) = from.owner.unwrap_or(("", -1));
+        cols.status.push(status.as_str());
+        cols.reason.push(reason);
+        cols.external_id.push(external_id);
+        cols.delay_ms.push(delay_ms);
+        cols.follow_ms.push(millis(*follow_for));
+        cols.trigger_key.push(from.trigger_key);
+        cols.revision.push(from.revision);
+        cols.from_status.push(from.status.as_str());
+        cols.inv.push(inv);
+        cols.owner_epoch.push(owner_epoch);
+    }
+    let won: std::collections::HashSet<String> = if cols.status.is_empty() {
+        Default::default()
+    } else {
+        sqlx::query_scalar(
+            r#"
+UPDATE jobs j SET status = t.status, revision = j.revision + 1, reason = COALESCE(t.reason, j.reason),
+       external_id = COALESCE(t.external_id, j.external_id),
+       next_attempt_at = now() + t.delay_ms * interval '1 millisecond',
+       deadline_at = CASE WHEN t.status = 'RUNNING' THEN now() + t.follow_ms * interval '1 millisecond' ELSE j.deadline_at END,
+       epoch = CASE WHEN t.status = 'RUNNING' THEN $11 ELSE j.epoch END,
        updated_at = now()
-WHERE trigger_key = $7 AND revision = $8 AND status = $9
-  AND ($10 = '' OR (invocation_id = $10 AND epoch = $11))"#,
-    )
-    .bind(status.as_str())
-    .bind(reason)
-    .bind(external_id)
-    .bind(delay_ms)
-    .bind(millis(follow_for))
-    .bind(epoch)
-    .bind(from.trigger_key)
-    .bind(from.revision)
-    .bind(from.status.as_str())
-    .bind(inv)
-    .bind(owner_epoch)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(done == 1)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::bigint[],
+            $8::text[], $9::text[], $10::bigint[])
+     AS t(status, reason, external_id, delay_ms, follow_ms, trigger_key, revision, from_status, inv, owner_epoch)
+WHERE j.trigger_key = t.trigger_key AND j.revision = t.revision AND j.status = t.from_status
+  AND (t.inv = '' OR (j.invocation_id = t.inv AND j.epoch = t.owner_epoch))
+RETURNING j.trigger_key"#,
+        )
+        .bind(&cols.status)
+        .bind(&cols.reason)
+        .bind(&cols.external_id)
+        .bind(&cols.delay_ms)
+        .bind(&cols.follow_ms)
+        .bind(&cols.trigger_key)
+        .bind(&cols.revision)
+        .bind(&cols.from_status)
+        .bind(&cols.inv)
+        .bind(&cols.owner_epoch)
+        .bind(epoch)
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .collect()
+    };
+    Ok(batch
+        .iter()
+        .zip(applied)
+        .map(|((from, t, _), applied)| match t {
+            Transition::Stay => true,
+            _ => applied && won.contains(from.trigger_key),
+        })
+        .collect())
+}
+
+/// The transitions of a batch, column by column, for `unnest`.
+#[derive(Default)]
+struct Columns<'a> {
+    status: Vec<&'static str>,
+    reason: Vec<Option<String>>,
+    external_id: Vec<Option<String>>,
+    delay_ms: Vec<i64>,
+    follow_ms: Vec<i64>,
+    trigger_key: Vec<&'a str>,
+    revision: Vec<i64>,
+    from_status: Vec<&'static str>,
+    inv: Vec<&'a str>,
+    owner_epoch: Vec<i64>,
 }
 
 /// Deadline sweep: RUNNING past its deadline → UNKNOWN, one row at a time under
