@@ -489,3 +489,54 @@ impl Dispatcher {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(outcomes: &Outcomes, key: &str) {
+        let (done, _) = tokio::sync::oneshot::channel();
+        outcomes.queue().waiting.push(Outcome {
+            trigger_key: key.into(),
+            revision: 1,
+            status: Status::Running,
+            owner: None,
+            transition: Transition::Stay,
+            follow_for: Duration::ZERO,
+            done,
+        });
+    }
+
+    fn keys(batch: Option<Vec<Outcome>>) -> Vec<String> {
+        batch
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| o.trigger_key)
+            .collect()
+    }
+
+    /// One statement matches a row by one guard only: a job's second outcome
+    /// waits for the next batch, in order.
+    #[test]
+    fn a_batch_holds_each_job_once_and_keeps_the_order() {
+        let outcomes = Outcomes::default();
+        for k in ["a", "b", "a", "c"] {
+            waiting(&outcomes, k);
+        }
+        outcomes.queue().recording = true;
+        assert_eq!(keys(outcomes.next_batch()), ["a", "b"]);
+        assert_eq!(keys(outcomes.next_batch()), ["a", "c"]);
+        assert!(outcomes.next_batch().is_none());
+        assert!(!outcomes.queue().recording, "an empty queue ends the lead");
+    }
+
+    #[test]
+    fn a_batch_is_at_most_a_statement_long() {
+        let outcomes = Outcomes::default();
+        for k in 0..RECORD_BATCH + 3 {
+            waiting(&outcomes, &k.to_string());
+        }
+        assert_eq!(keys(outcomes.next_batch()).len(), RECORD_BATCH);
+        assert_eq!(keys(outcomes.next_batch()).len(), 3);
+    }
+}
