@@ -8,8 +8,8 @@
 //!
 //! Default 1,000,000 assets and 400,000 asset-state records. Dependencies read 2
 //! assets each (ALL), dependency d reads assets 2d and 2d+1; the changes measured
-//! are of assets 0..2,000, each read by exactly one dependency with 1k and with
-//! 100k dependencies, so the ratio shows what the other dependencies cost a change
+//! are of assets 0..2,000, each read by exactly one dependency with 1k, 100k and
+//! 1M dependencies, so the ratio shows what the other dependencies cost a change
 //! that does not concern them. The hot asset is read by 10,000 more.
 
 use std::sync::Arc;
@@ -145,11 +145,17 @@ fn main() {
     let sample: Vec<AssetKey> = (0..2_000).map(key).collect();
     let mut added = 0usize;
     let mut base = None;
-    for deps in [1_000usize, 100_000] {
+    for deps in [1_000usize, 100_000, 1_000_000] {
         let before = rss_bytes();
         for d in added..deps {
-            let a = key((d * 2) % assets);
-            let c = key((d * 2 + 1) % assets);
+            // Past assets / 2 dependencies wrap around, away from the measured
+            // assets 0..2,000: each of those stays read by exactly one dependency.
+            let first = if d < assets / 2 {
+                d * 2
+            } else {
+                2_000 + (d * 2) % (assets - 2_002)
+            };
+            let (a, c) = (key(first), key(first + 1));
             b.add(&spec(&format!("d{d:07}"), &a, &c));
         }
         let per_dep = (rss_bytes() - before) / (deps - added) as u64;
