@@ -401,8 +401,7 @@ async fn main() {
         let mut tasks = tokio::task::JoinSet::new();
         let started = Instant::now();
         for k in 0..n / per_request {
-            let due = started
-                + Duration::from_micros((k * per_request) as u64 * 1_000_000 / rate);
+            let due = started + Duration::from_micros((k * per_request) as u64 * 1_000_000 / rate);
             tokio::time::sleep_until(due.into()).await;
             let mut commits = Vec::with_capacity(per_request);
             for _ in 0..per_request {
@@ -448,10 +447,8 @@ async fn main() {
         }
         batches.push(b);
     }
-    let sent: HashMap<(String, i64), Instant> = last
-        .into_iter()
-        .map(|k| (k, Instant::now()))
-        .collect();
+    let sent: HashMap<(String, i64), Instant> =
+        last.into_iter().map(|k| (k, Instant::now())).collect();
     batches.reverse(); // popped from the end: the oldest first
     let started = Instant::now();
     let queue = Arc::new(Mutex::new(batches));
