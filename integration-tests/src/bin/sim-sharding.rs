@@ -162,10 +162,7 @@ fn main() {
             (
                 "dependencies with their least popular input's partition",
                 held(&by_partition[k]),
-                format!(
-                    "{:.1} %",
-                    remote_deps[k] as f64 * 100.0 / deps as f64
-                ),
+                format!("{:.1} %", remote_deps[k] as f64 * 100.0 / deps as f64),
             ),
         ];
         for (way, n, remote) in rows {
