@@ -82,7 +82,7 @@ fn main() {
         .collect();
     let assets = args.first().map_or(100_000_000, |&a| a as u64);
     assert!(
-        assets % 1_000_000_007 != 0 && assets > 0,
+        !assets.is_multiple_of(1_000_000_007) && assets > 0,
         "the asset count must not be a multiple of the scattering prime"
     );
     let deps = args.get(1).map_or(10_000_000, |&d| d as u64);
