@@ -76,6 +76,19 @@ fn latency(sent: &HashMap<(String, i64), Instant>, seen: &Seen) -> Latency {
     }
 }
 
+/// Notes when a measured floor record (its number as the payload) arrives.
+fn note_arrival(last: &BaseConsumer, wait: Duration, seen: &Seen) {
+    if let Some(Ok(m)) = last.poll(wait)
+        && let Some(n) = std::str::from_utf8(m.payload().unwrap_or_default())
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+    {
+        seen.lock()
+            .expect("lock")
+            .insert((String::new(), n), Instant::now());
+    }
+}
+
 /// The floor: produce to A; a relay reads A and writes B, another B → C; a reader
 /// of C sees it. Every reader is `read_committed`, every producer the services'.
 fn floor_round_trip(topics: &[String], records: usize, rate: u64) -> Latency {
@@ -123,15 +136,7 @@ fn floor_round_trip(topics: &[String], records: usize, rate: u64) -> Latency {
     for i in 0..records {
         let due = started + Duration::from_micros(i as u64 * 1_000_000 / rate);
         while Instant::now() < due {
-            if let Some(Ok(m)) = last.poll(Duration::from_micros(200)) {
-                let n: i64 = std::str::from_utf8(m.payload().unwrap_or_default())
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(-1);
-                seen.lock()
-                    .expect("lock")
-                    .insert((String::new(), n), Instant::now());
-            }
+            note_arrival(&last, Duration::from_micros(200), &seen);
             p.poll(Duration::ZERO);
         }
         let payload = i.to_string();
@@ -140,15 +145,7 @@ fn floor_round_trip(topics: &[String], records: usize, rate: u64) -> Latency {
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while seen.lock().expect("lock").len() < records && Instant::now() < deadline {
-        if let Some(Ok(m)) = last.poll(Duration::from_millis(10)) {
-            let n: i64 = std::str::from_utf8(m.payload().unwrap_or_default())
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(-1);
-            seen.lock()
-                .expect("lock")
-                .insert((String::new(), n), Instant::now());
-        }
+        note_arrival(&last, Duration::from_millis(10), &seen);
         p.poll(Duration::ZERO);
     }
     let _ = p.flush(Duration::from_secs(5));
