@@ -230,6 +230,34 @@ fn follow(
     })
 }
 
+/// The commits the driver pushes: every asset in turn (a stride co-prime with
+/// 10,000), each with its next snapshot; one asset in ten is read by a dependency.
+struct Commits {
+    next: usize,
+    seq: Vec<i64>,
+}
+
+impl Commits {
+    fn new() -> Commits {
+        Commits {
+            next: 0,
+            seq: vec![0; ASSETS],
+        }
+    }
+
+    /// The next commit, and the (asset, snapshot) a dependency fires on if it fires one.
+    fn next(&mut self) -> (Value, Option<(String, i64)>) {
+        let i = self.next % ASSETS;
+        self.next += 7;
+        self.seq[i] += 1;
+        let fires = i.is_multiple_of(ASSETS / DEPENDENCIES);
+        (
+            commit(i, self.seq[i]),
+            fires.then(|| (asset(i), self.seq[i])),
+        )
+    }
+}
+
 fn commit(i: usize, seq: i64) -> Value {
     json!({"asset_key": asset(i), "format": "paimon", "snapshot_id": seq, "sequence": seq,
            "commit_time_ms": 1_764_633_600_000i64 + seq, "operation": "append"})
@@ -359,24 +387,20 @@ async fn main() {
     .map(|(topic, keys, seen)| follow(p.names.name(topic), keys, seen.clone(), stop.clone()));
     let client = reqwest::Client::new();
     let url = p.push_url();
-    let fires = |i: usize| i.is_multiple_of(ASSETS / DEPENDENCIES);
-    let mut seq = vec![0i64; ASSETS];
+    let mut commits = Commits::new();
 
     // Warm-up: every asset once (every dependency fires once).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut warm = HashMap::new();
-    for chunk in (0..ASSETS).collect::<Vec<_>>().chunks(500) {
-        let commits = chunk
-            .iter()
-            .map(|&i| {
-                seq[i] += 1;
-                if fires(i) {
-                    warm.insert((asset(i), seq[i]), Instant::now());
-                }
-                commit(i, seq[i])
+    for _ in 0..ASSETS / 500 {
+        let batch = (0..500)
+            .map(|_| {
+                let (c, fired) = commits.next();
+                warm.extend(fired.map(|k| (k, Instant::now())));
+                c
             })
             .collect();
-        push(&client, &url, commits).await;
+        push(&client, &url, batch).await;
     }
     wait_for(&warm, &dispatched, Duration::from_secs(120)).await;
     let warmed = latency(&warm, &dispatched).n;
@@ -387,9 +411,8 @@ async fn main() {
         p.log_tails(20)
     );
 
-    // Fixed rates: one commit per request, on a schedule; one in ten fires.
+    // Fixed rates, on a schedule; one commit in ten fires.
     let mut rows = Vec::new();
-    let mut next = 0usize;
     for rate in RATES {
         // One commit per request up to 1,000/s; above, a request a millisecond.
         let per_request = (rate / 1_000).max(1) as usize;
@@ -400,18 +423,15 @@ async fn main() {
         for k in 0..n / per_request {
             let due = started + Duration::from_micros((k * per_request) as u64 * 1_000_000 / rate);
             tokio::time::sleep_until(due.into()).await;
-            let mut commits = Vec::with_capacity(per_request);
-            for _ in 0..per_request {
-                let i = next % ASSETS;
-                next += 7; // co-prime with 10,000: every asset in turn, one in ten firing
-                seq[i] += 1;
-                if fires(i) {
-                    sent.insert((asset(i), seq[i]), Instant::now());
-                }
-                commits.push(commit(i, seq[i]));
-            }
+            let batch = (0..per_request)
+                .map(|_| {
+                    let (c, fired) = commits.next();
+                    sent.extend(fired.map(|k| (k, Instant::now())));
+                    c
+                })
+                .collect();
             let (client, url) = (client.clone(), url.clone());
-            tasks.spawn(async move { push(&client, &url, commits).await });
+            tasks.spawn(async move { push(&client, &url, batch).await });
         }
         while tasks.join_next().await.is_some() {}
         wait_for(&sent, &dispatched, Duration::from_secs(60)).await;
@@ -432,17 +452,14 @@ async fn main() {
     let mut last = HashMap::new();
     let mut batches = Vec::new();
     for _ in 0..full_speed.div_ceil(500) {
-        let mut b = Vec::with_capacity(500);
-        for _ in 0..500 {
-            let i = next % ASSETS;
-            next += 7;
-            seq[i] += 1;
-            if fires(i) {
-                last.insert(asset(i), seq[i]);
-            }
-            b.push(commit(i, seq[i]));
-        }
-        batches.push(b);
+        let batch = (0..500)
+            .map(|_| {
+                let (c, fired) = commits.next();
+                last.extend(fired);
+                c
+            })
+            .collect::<Vec<_>>();
+        batches.push(batch);
     }
     let sent: HashMap<(String, i64), Instant> =
         last.into_iter().map(|k| (k, Instant::now())).collect();

@@ -91,6 +91,9 @@ impl Outcomes {
         follow_for: Duration,
         epoch: i64,
     ) -> Result<bool, String> {
+        if *t == Transition::Stay {
+            return Ok(true); // nothing to record, nothing to wait for
+        }
         let (done, result) = tokio::sync::oneshot::channel();
         let lead = {
             let mut q = self.queue();
@@ -258,7 +261,6 @@ impl Dispatcher {
     /// deadlines, cancels, and follows and reconciles jobs; a busy dispatcher's
     /// back-to-back rounds only claim (the chores cost as much as a claim).
     async fn round(self: &Arc<Self>, sends: &mut JoinSet<()>, chores: bool) -> sqlx::Result<usize> {
-        let mut total = 0;
         if self.targets.refresh() {
             // A target declared or changed: jobs postponed for want of one go now.
             let woken = store::wake_unroutable(&self.pool).await?;
@@ -272,7 +274,7 @@ impl Dispatcher {
         if chores {
             self.chores().await?;
         }
-        self.claim_due(sends, &mut total).await?;
+        let total = self.claim_due(sends).await?;
         if chores {
             self.look(Status::Running).await?;
             self.look(Status::Unknown).await?;
@@ -298,12 +300,10 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Claims the due jobs of each target within its caps and starts their sends.
-    async fn claim_due(
-        self: &Arc<Self>,
-        sends: &mut JoinSet<()>,
-        total: &mut usize,
-    ) -> sqlx::Result<()> {
+    /// Claims the due jobs of each target within its caps and starts their
+    /// sends; returns how many it claimed.
+    async fn claim_due(self: &Arc<Self>, sends: &mut JoinSet<()>) -> sqlx::Result<usize> {
+        let mut total = 0;
         let targets = self.targets.current();
         for (kind, name) in store::due_targets(&self.pool).await? {
             let Some(target) = Kind::parse(&kind).and_then(|k| targets.get(k, &name)) else {
@@ -340,14 +340,14 @@ impl Dispatcher {
                 );
                 std::process::abort();
             }
-            *total += claimed.len();
+            total += claimed.len();
             for job in claimed {
                 let me = self.clone();
                 let target = target.clone();
                 sends.spawn(async move { me.send(target, job).await });
             }
         }
-        Ok(())
+        Ok(total)
     }
 
     /// The one send of a claimed invocation, then its outcome under the invocation's guard.

@@ -356,14 +356,10 @@ pub async fn transitions(
     epoch: i64,
 ) -> sqlx::Result<Vec<bool>> {
     let mut cols = Columns::default();
-    let mut applied = Vec::with_capacity(batch.len());
     for (from, t, follow_for) in batch {
         let (status, reason, external_id, delay_ms) = match t {
             // Nothing to record: the job stays as it is.
-            Transition::Stay => {
-                applied.push(false);
-                continue;
-            }
+            Transition::Stay => continue,
             Transition::Retry { delay, reason } => {
                 (Status::Pending, Some(reason.clone()), None, millis(*delay))
             }
@@ -374,7 +370,6 @@ pub async fn transitions(
             Transition::Follow { external_id } => (Status::Running, None, external_id.clone(), 0),
             Transition::Unknown { reason } => (Status::Unknown, Some(reason.clone()), None, 0),
         };
-        applied.push(true);
         let (inv, owner_epoch) = from.owner.unwrap_or(("", -1));
         cols.status.push(status.as_str());
         cols.reason.push(reason);
@@ -423,11 +418,7 @@ RETURNING j.trigger_key"#,
     };
     Ok(batch
         .iter()
-        .zip(applied)
-        .map(|((from, t, _), applied)| match t {
-            Transition::Stay => true,
-            _ => applied && won.contains(from.trigger_key),
-        })
+        .map(|(from, t, _)| **t == Transition::Stay || won.contains(from.trigger_key))
         .collect())
 }
 

@@ -100,7 +100,7 @@ impl KafkaOptions {
             // A transaction that begins while the broker still writes the last
             // one's markers is refused (CONCURRENT_TRANSACTIONS) and retried after
             // this backoff: at the default 100 ms, every other commit of a busy
-            // stage waited 100 ms (bench-pipeline: commit → state p50 139 ms, 15 ms
+            // stage waited 100 ms (bench-pipeline: commit → state p50 139 ms, 10 ms
             // with 5; the Java client lowered this backoff for the same reason,
             // KAFKA-5477). Failures still back off exponentially to retry.backoff.max.ms.
             .set("retry.backoff.ms", "5")
