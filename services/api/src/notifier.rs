@@ -30,6 +30,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use serde_json::{Value, json};
 use sluice_core::condition::stale_commit;
+use sluice_core::packed::PackedState;
 use sluice_kit::Shutdown;
 use sluice_kit::clock::now_ms;
 use sluice_kit::declared::SharedDeclared;
@@ -113,10 +114,10 @@ impl Notifier {
             let mut out = Vec::new();
             for spec in &specs {
                 for (input, bound) in spec.condition.freshness_bounds() {
-                    let Some((state, _)) = t.assets.get(input) else {
+                    let Some((state, _)) = t.assets.get(input).map(PackedState::unpack) else {
                         continue;
                     };
-                    if let Some(c) = stale_commit(state, bound, now) {
+                    if let Some(c) = stale_commit(&state, bound, now) {
                         let key = format!("freshness_breach:{}:{}:{}", spec.id, input, c.sequence);
                         let detail = json!({"max_age_ms": bound, "age_ms": now - c.commit_time_ms,
                                             "commit_time_ms": c.commit_time_ms,

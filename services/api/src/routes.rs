@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use sluice_core::dependency::check_cycles;
 use sluice_core::explain::explain;
 use sluice_core::grants::Grant;
+use sluice_core::packed::PackedState;
 use sluice_core::{AssetKey, AssetState, DependencySpec, Progress};
 use sluice_kit::wire::{WireGrant, WireSpec};
 use sluice_kit::{Codec, SchemaName};
@@ -521,7 +522,7 @@ async fn list_assets(
     let start = if cursor.is_empty() { prefix } else { cursor };
     let mut items = Vec::with_capacity(limit);
     let mut next = None;
-    for (k, (s, r)) in t.assets.range::<str, _>((
+    for (k, packed) in t.assets.range::<str, _>((
         if cursor.is_empty() {
             std::ops::Bound::Included(start)
         } else {
@@ -544,7 +545,8 @@ async fn list_assets(
                 .and_then(|v: &Value| v["asset_key"].as_str().map(str::to_owned));
             break;
         }
-        items.push(asset_json(s, *r));
+        let (s, r) = packed.unpack();
+        items.push(asset_json(&s, r));
     }
     ok(page(items, next))
 }
@@ -563,6 +565,7 @@ async fn get_asset(
     let (s, r) = t
         .assets
         .get(&key)
+        .map(PackedState::unpack)
         .ok_or_else(|| not_found(format!("no commit of asset {key} has been seen")))?;
     let tag = format!("\"r{r}\"");
     if headers
@@ -571,7 +574,7 @@ async fn get_asset(
     {
         return Ok(StatusCode::NOT_MODIFIED.into_response());
     }
-    let mut resp = axum::Json(asset_json(s, *r)).into_response();
+    let mut resp = axum::Json(asset_json(&s, r)).into_response();
     if let Ok(v) = HeaderValue::from_str(&tag) {
         resp.headers_mut().insert(header::ETAG, v);
     }
@@ -1036,8 +1039,12 @@ async fn explain_dependency(
         version: spec.version,
         ..Progress::default()
     });
-    let assets = &t.assets;
-    let e = explain(&spec, &progress, &|a| assets.get(a).map(|(s, _)| s), now);
+    let inputs: BTreeMap<AssetKey, AssetState> = spec
+        .inputs()
+        .into_iter()
+        .filter_map(|a| Some((a.clone(), t.assets.get(&a)?.unpack().0)))
+        .collect();
+    let e = explain(&spec, &progress, &|a| inputs.get(a), now);
     let mut v = serde_json::to_value(&e).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.insert("accepted".into(), refusal.is_none().into());
@@ -1253,8 +1260,8 @@ async fn lineage(
                 "fire_at_ms": progress.and_then(|p| p.fire_at_ms),
             }));
             for (input, bound) in s.condition.freshness_bounds() {
-                if t.assets.get(input).is_some_and(|(st, _)| {
-                    sluice_core::condition::stale_commit(st, bound, now).is_some()
+                if t.assets.get(input).is_some_and(|p| {
+                    sluice_core::condition::stale_commit(&p.unpack().0, bound, now).is_some()
                 }) {
                     stale.insert(input.clone());
                 }
@@ -1270,7 +1277,8 @@ async fn lineage(
             shown.push(id);
         }
         for a in assets.keys() {
-            let state = t.assets.get(a).map(|(s, _)| s);
+            let state = t.assets.get(a).map(|p| p.unpack().0);
+            let state = state.as_ref();
             nodes.push(json!({
                 "kind": "asset", "id": a,
                 "sequence": state.and_then(|s| s.latest.as_ref().map(|c| c.sequence)),

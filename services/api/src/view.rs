@@ -12,9 +12,10 @@ use rdkafka::ClientConfig;
 use rdkafka::message::{BorrowedMessage, Message};
 use serde::Serialize;
 use sluice_core::dependency::cycle_verdicts;
+use sluice_core::packed::PackedState;
 use sluice_core::{AssetKey, AssetState, DependencySpec, Progress};
 use sluice_kit::grants::SharedGrants;
-use sluice_kit::wire::{ProgressRecord, RunRecord, StateRecord, WireSpec};
+use sluice_kit::wire::{ProgressRecord, RunRecord, WireSpec};
 use sluice_kit::{BlockingCodec, SchemaName};
 use tokio::sync::broadcast;
 
@@ -32,8 +33,9 @@ pub struct SpecEntry {
 
 #[derive(Default)]
 pub struct Tables {
-    /// Ordered, so a page of a prefix is a range read, not a scan.
-    pub assets: BTreeMap<AssetKey, (AssetState, i64)>,
+    /// Ordered, so a page of a prefix is a range read, not a scan; packed, since
+    /// an API instance holds every asset (`PackedState::unpack` reads one).
+    pub assets: BTreeMap<AssetKey, PackedState>,
     pub specs: BTreeMap<String, SpecEntry>,
     pub progress: HashMap<String, Progress>,
     /// Next offset to read of each dependencies partition (read-your-writes).
@@ -201,8 +203,10 @@ impl View {
         {
             let mut t = self.write();
             match record {
-                Some(v) => {
-                    t.assets.insert(asset, v);
+                Some((state, revision)) => {
+                    // The API has no use for the partition a state came from.
+                    t.assets
+                        .insert(asset, PackedState::pack(&state, revision, 0));
                 }
                 None => {
                     t.assets.remove(&asset);
@@ -336,7 +340,7 @@ impl View {
             Followed::AssetState => {
                 let record = payload.and_then(|b| {
                     f.codec
-                        .decode::<StateRecord>(SchemaName::AssetState, b)
+                        .decode_state(b)
                         .ok()
                         .and_then(|r| r.into_state().ok())
                 });

@@ -96,6 +96,11 @@ impl AssetKey {
         Ok(AssetKey(raw.to_owned()))
     }
 
+    /// A key that was validated before it was stored (a packed state's bytes).
+    pub(crate) fn trusted(valid: &str) -> Self {
+        AssetKey(valid.to_owned())
+    }
+
     /// Builds a key from its three segments, validating the result.
     pub fn from_parts(catalog: &str, namespace: &str, table: &str) -> Result<Self, AssetKeyError> {
         Self::parse(&format!("{catalog}.{namespace}.{table}"))

@@ -9,6 +9,7 @@
 //! * [`state`] — [`AssetState`] and the monotonic fold (reordering and duplicates are harmless).
 //! * [`condition`] — the dependency condition tree (ALL / ANY over per-asset predicates).
 //! * [`dependency`] — [`DependencySpec`]: a condition with its mode, coalescing and target, validated, and the cycle check over a set.
+//! * [`packed`] — states packed into bytes, to hold millions of assets in memory.
 //! * [`decide`] — the decision of one dependency: what fires now and what its progress becomes.
 //! * [`explain`] — "why did / didn't it run": the same evaluation, told leaf by leaf.
 //! * [`grants`] — which project may read which namespaces and trigger which targets.
@@ -26,6 +27,7 @@ pub mod event;
 pub mod explain;
 pub mod grants;
 pub mod job;
+pub mod packed;
 pub mod state;
 pub mod trigger;
 

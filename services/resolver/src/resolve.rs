@@ -15,7 +15,7 @@ use foldhash::{HashMap, HashMapExt};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
 use sluice_core::decide::{self, Cause, Progress};
-use sluice_core::{AssetKey, DependencySpec};
+use sluice_core::{AssetKey, AssetState, DependencySpec};
 use sluice_kit::changelog::Changelog;
 use sluice_kit::grants::SharedGrants;
 use sluice_kit::txn::{Input, Output, ProcessError, Processor};
@@ -127,9 +127,25 @@ impl Resolve {
         let mut outputs = Vec::new();
         let mut changed: Vec<String> = Vec::new();
         {
-            let table = self.table.clone();
-            let states = table.read();
-            let lookup = |a: &AssetKey| states.get(a).map(|(s, _)| s);
+            // Only the assets this pass reads are unpacked, each once, under one
+            // read of the table (a consistent view; writers wait only for this).
+            let mut inputs: HashMap<AssetKey, AssetState> = HashMap::new();
+            {
+                let states = self.table.read();
+                for (id, _) in ids {
+                    let Some(owned) = self.registry.get(id) else {
+                        continue;
+                    };
+                    for a in owned.spec.condition.inputs() {
+                        if !inputs.contains_key(a)
+                            && let Some((state, _)) = states.state(a.as_str())
+                        {
+                            inputs.insert(a.clone(), state);
+                        }
+                    }
+                }
+            }
+            let lookup = |a: &AssetKey| inputs.get(a);
             for (id, cause) in ids {
                 let Some(owned) = self.registry.get(id) else {
                     continue;

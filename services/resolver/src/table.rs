@@ -6,16 +6,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use foldhash::{HashMap, HashMapExt};
 use rdkafka::ClientConfig;
 use rdkafka::message::Message;
+use sluice_core::packed::{PackedState, StateTable};
 use sluice_core::{AssetKey, AssetState};
-use sluice_kit::wire::StateRecord;
-use sluice_kit::{BlockingCodec, SchemaName};
+use sluice_kit::BlockingCodec;
 
 use crate::metrics as m;
 
-pub type States = HashMap<AssetKey, (AssetState, i64)>;
+/// Every asset's newest state, packed: a resolver holds all of them.
+pub type States = StateTable;
 
 pub struct GlobalTable {
     states: RwLock<States>,
@@ -30,7 +30,7 @@ pub struct GlobalTable {
 impl GlobalTable {
     pub fn new() -> Arc<Self> {
         Arc::new(GlobalTable {
-            states: RwLock::new(HashMap::new()),
+            states: RwLock::new(StateTable::new()),
             changed: Mutex::new(Vec::new()),
             caught_up: AtomicBool::new(false),
             records: AtomicU64::new(0),
@@ -91,11 +91,12 @@ impl GlobalTable {
     pub fn apply(&self, key: AssetKey, value: Option<(AssetState, i64)>) -> bool {
         let mut states = self.states.write().unwrap_or_else(|p| p.into_inner());
         let changed = match value {
-            None => states.remove(&key).is_some(),
-            Some((state, revision)) => match states.get(&key) {
-                Some((_, have)) if *have >= revision => false,
+            None => states.remove(key.as_str()).is_some(),
+            Some((state, revision)) => match states.get(key.as_str()) {
+                Some(have) if have.revision() >= revision => false,
+                // The global table has no use for the partition a state came from.
                 _ => {
-                    states.insert(key.clone(), (state, revision));
+                    states.insert(PackedState::pack(&state, revision, 0));
                     true
                 }
             },
@@ -202,7 +203,7 @@ fn decode(
     let Some(payload) = msg.payload() else {
         return Ok((key, None));
     };
-    let record: StateRecord = codec.decode(SchemaName::AssetState, payload)?;
+    let record = codec.decode_state(payload)?;
     let (state, revision) = record.into_state()?;
     if state.asset_key != key {
         return Err(Unreadable::OtherAsset {

@@ -1,14 +1,16 @@
 //! The state-updater's processor: decode an event, fold it, emit the changed state.
 //!
-//! Committed states live in `committed`; changes of the open transaction in
-//! `pending`, merged on commit and dropped on abort, so memory always equals what
-//! the asset-state topic holds after the last committed transaction.
+//! Committed states live in `committed`, packed (an updater holds every asset of
+//! its partitions); changes of the open transaction in `pending`, unpacked once per
+//! transaction, packed back on commit and dropped on abort, so memory always
+//! equals what the asset-state topic holds after the last committed transaction.
 
 use std::collections::BTreeSet;
 
 // foldhash: SipHash of the asset key was a visible share of the per-event cost.
 use foldhash::{HashMap, HashMapExt};
 
+use sluice_core::packed::{PackedState, StateTable};
 use sluice_core::state::Stale;
 use sluice_core::{AssetEvent, AssetKey, AssetState, FoldOutcome};
 use sluice_kit::changelog::Changelog;
@@ -26,11 +28,26 @@ pub struct Entry {
     pub partition: i32,
 }
 
+impl Entry {
+    pub fn pack(&self) -> PackedState {
+        PackedState::pack(&self.state, self.revision, self.partition)
+    }
+
+    pub fn unpack(packed: &PackedState) -> Self {
+        let (state, revision) = packed.unpack();
+        Entry {
+            state,
+            revision,
+            partition: packed.partition(),
+        }
+    }
+}
+
 pub struct Fold {
     codec: BlockingCodec,
     /// The asset-state changelog: where states are published and restored from.
     states: Box<dyn Changelog>,
-    committed: HashMap<AssetKey, Entry>,
+    committed: StateTable,
     pending: HashMap<AssetKey, Entry>,
 }
 
@@ -39,7 +56,7 @@ impl Fold {
         Fold {
             codec,
             states,
-            committed: HashMap::new(),
+            committed: StateTable::new(),
             pending: HashMap::new(),
         }
     }
@@ -50,8 +67,8 @@ impl Fold {
     }
 
     /// The committed state of `key`, if this instance owns it.
-    pub fn committed_state(&self, key: &str) -> Option<&Entry> {
-        self.committed.get(key)
+    pub fn committed_state(&self, key: &str) -> Option<Entry> {
+        self.committed.get(key).map(Entry::unpack)
     }
 
     fn decode(&self, input: &Input<'_>) -> Result<AssetEvent, ProcessError> {
@@ -92,8 +109,8 @@ impl Processor for Fold {
         // transaction, then folded in place.
         let entry = pending.entry(event.asset_key.clone()).or_insert_with(|| {
             committed
-                .get(&event.asset_key)
-                .cloned()
+                .get(event.asset_key.as_str())
+                .map(Entry::unpack)
                 .unwrap_or_else(|| Entry {
                     state: AssetState::new(event.asset_key.clone(), event.format),
                     revision: 0,
@@ -141,22 +158,21 @@ impl Processor for Fold {
         let restored = crate::restore::restore(self.states.as_ref(), &self.codec, &parts)
             .map_err(ProcessError::retriable)?;
         tracing::info!(partitions = ?parts, assets = restored.len(), "restored asset-state");
-        for (key, entry) in restored {
-            self.committed.insert(key, entry);
-        }
+        self.committed.extend(restored);
         metrics::gauge!(m::ASSETS).set(self.committed.len() as f64);
         Ok(())
     }
 
     fn revoked(&mut self, partitions: &[(String, i32)]) {
         let parts: BTreeSet<i32> = partitions.iter().map(|(_, p)| *p).collect();
-        self.committed.retain(|_, e| !parts.contains(&e.partition));
+        self.committed.retain(|p| !parts.contains(&p.partition()));
         self.pending.retain(|_, e| !parts.contains(&e.partition));
         metrics::gauge!(m::ASSETS).set(self.committed.len() as f64);
     }
 
     fn committed(&mut self) {
-        self.committed.extend(self.pending.drain());
+        self.committed
+            .extend(self.pending.drain().map(|(_, e)| e.pack()));
         metrics::gauge!(m::ASSETS).set(self.committed.len() as f64);
     }
 
@@ -314,6 +330,32 @@ mod tests {
         assert!(matches!(garbage, Err(ProcessError::Poison(_))));
         fold.committed();
         assert_eq!(fold.assets(), 0);
+    }
+
+    #[test]
+    fn a_restore_reads_the_newest_record_of_each_key() {
+        let log = MemoryChangelog::new(TOPIC);
+        let mut fold = fold_on(&log);
+        let mut outs = Vec::new();
+        for (asset, seq) in [
+            ("lake.sales.a", 1),
+            ("lake.sales.b", 1),
+            ("lake.sales.a", 2),
+        ] {
+            let out = process(&mut fold, asset, seq).expect("fold");
+            fold.committed();
+            outs.push(out);
+        }
+        // A record the newer one replaces does not decide the restore, even unreadable.
+        log.append(0, b"lake.sales.a", Some(b"garbage"));
+        for out in &outs {
+            log.append(0, &out[0].key, out[0].payload.as_deref());
+        }
+        log.append(0, b"lake.sales.b", None);
+        let next = fold_on(&log);
+        assert_eq!(next.assets(), 1, "b's tombstone is the newest of b");
+        let a = next.committed_state("lake.sales.a").expect("a restored");
+        assert_eq!((a.revision, a.state.commit_count), (2, 2));
     }
 
     #[test]

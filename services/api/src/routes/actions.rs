@@ -228,7 +228,7 @@ pub(super) async fn acknowledge_schema(
         let now = t
             .assets
             .get(&input)
-            .and_then(|(s, _)| s.schema.map(|(_, id)| id));
+            .and_then(|p| p.unpack().0.schema.map(|(_, id)| id));
         let then = t
             .progress
             .get(&id)
@@ -293,7 +293,7 @@ pub(super) fn current_inputs(app: &App, spec: &DependencySpec) -> (Vec<TriggerIn
         .inputs()
         .iter()
         .filter_map(|a| {
-            let (state, _) = t.assets.get(a)?;
+            let (state, _) = t.assets.get(a)?.unpack();
             let c = state.latest_data.as_ref().or(state.latest.as_ref())?;
             newest = newest.max(Some(c.commit_time_ms));
             Some(TriggerInput {
