@@ -183,7 +183,7 @@ fn main() {
 }
 
 /// Restore of the global table (every partition of asset-state, newest revision
-/// wins) beside a raw read_committed consume of the same topic.
+/// wins) beside a raw read_committed consume of the same topic, best of three.
 fn restore(rt: &tokio::runtime::Runtime, records: usize) {
     const PARTITIONS: i32 = 4;
     let topic = rt.block_on(create_topic(PARTITIONS));
@@ -204,25 +204,32 @@ fn restore(rt: &tokio::runtime::Runtime, records: usize) {
         })
         .collect();
     let produce_rate = produce_all(&topic, &payloads);
-    let (n, raw_secs) = raw_consume(&topic, PARTITIONS);
-    let table = GlobalTable::new();
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let reader = table.spawn_reader(
-        kafka().reader_config(&unique("table")),
-        topic,
-        BlockingCodec::new(None).expect("codec"),
-        stop.clone(),
-        Duration::from_secs(30),
-    );
-    assert!(
-        table.wait_caught_up(Duration::from_secs(600)),
-        "global table caught up"
-    );
-    let table_secs = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let _ = reader.join();
-    assert_eq!(table.read().len(), distinct, "every asset in the table");
+    // Alternated three times, the best of each kept: one run of either swings by
+    // half on this machine.
+    let (mut n, mut raw_secs, mut table_secs) = (0, f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        let (read, secs) = raw_consume(&topic, PARTITIONS);
+        n = read;
+        raw_secs = raw_secs.min(secs);
+        let table = GlobalTable::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let reader = table.spawn_reader(
+            kafka().reader_config(&unique("table")),
+            topic.clone(),
+            BlockingCodec::new(None).expect("codec"),
+            stop.clone(),
+            Duration::from_secs(30),
+        );
+        assert!(
+            table.wait_caught_up(Duration::from_secs(600)),
+            "global table caught up"
+        );
+        table_secs = table_secs.min(started.elapsed().as_secs_f64());
+        stop.store(true, Ordering::Relaxed);
+        let _ = reader.join();
+        assert_eq!(table.read().len(), distinct, "every asset in the table");
+    }
     let (raw_rate, table_rate) = (n as f64 / raw_secs, records as f64 / table_secs);
     println!(
         "restore of the global asset-state table ({records} records, {distinct} assets, real broker):"

@@ -399,12 +399,12 @@ fn asset_json(state: &AssetState, revision: i64) -> Value {
     let mut v = serde_json::to_value(state).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.insert("revision".into(), revision.into());
-        // The remembered commits, newest first, as a list (the map is keyed by sequence).
+        // The remembered commits, newest first.
         m.insert(
             "recent".into(),
             state
                 .recent
-                .values()
+                .iter()
                 .rev()
                 .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
                 .collect::<Vec<_>>()

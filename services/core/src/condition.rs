@@ -408,6 +408,16 @@ impl Explained {
 }
 
 impl Condition {
+    /// Each input leaf's asset, in tree order (an asset read twice comes twice);
+    /// [`Condition::inputs`] without building a set, for the resolver's hot path.
+    pub fn for_each_input(&self, mut f: impl FnMut(&AssetKey)) {
+        self.walk(&mut |c| {
+            if let Condition::Input(i) = c {
+                f(&i.asset);
+            }
+        });
+    }
+
     /// Every input asset of the tree, for the resolver's asset → dependency index.
     pub fn inputs(&self) -> BTreeSet<&AssetKey> {
         let mut out = BTreeSet::new();

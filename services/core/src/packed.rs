@@ -83,7 +83,7 @@ impl PackedState {
             put_i64(&mut w, v);
         }
         put_u64(&mut w, state.recent.len() as u64);
-        for c in state.recent.values() {
+        for c in &state.recent {
             put_commit(&mut w, c);
         }
         // The newest commits are almost always among the recent ones: stored as
@@ -91,11 +91,8 @@ impl PackedState {
         for slot in [&state.latest, &state.latest_data] {
             match slot {
                 None => put_u64(&mut w, 0),
-                Some(c) => match state.recent.get(&c.sequence).filter(|r| *r == c) {
-                    Some(_) => {
-                        let at = state.recent.range(..=c.sequence).count();
-                        put_u64(&mut w, at as u64);
-                    }
+                Some(c) => match state.recent.iter().rposition(|r| r == c) {
+                    Some(at) => put_u64(&mut w, at as u64 + 1),
                     None => {
                         put_u64(&mut w, state.recent.len() as u64 + 1);
                         put_commit(&mut w, c);
@@ -175,7 +172,7 @@ impl PackedState {
             schema,
             quality,
             expired_through,
-            recent: recent.into_iter().map(|c| (c.sequence, c)).collect(),
+            recent,
         };
         (state, revision)
     }

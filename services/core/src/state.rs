@@ -7,7 +7,7 @@
 //! newer commits are already folded is refused as too late (and counted), because
 //! remembering every sequence forever would grow without bound.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
@@ -55,8 +55,10 @@ pub struct AssetState {
     pub quality: Option<QualityMark>,
     /// Highest sequence reported expired; never moves `latest` back.
     pub expired_through: Option<i64>,
-    /// The newest [`RECENT_COMMITS`] commits by sequence.
-    pub recent: BTreeMap<i64, CommitInfo>,
+    /// The newest [`RECENT_COMMITS`] commits, by ascending sequence, one per
+    /// sequence. A sorted vector, not a map: a handful of commits in one small
+    /// allocation, which an unpack (see `packed`) makes for every read.
+    pub recent: Vec<CommitInfo>,
 }
 
 /// What folding one event did.
@@ -104,7 +106,7 @@ impl AssetState {
             schema: None,
             quality: None,
             expired_through: None,
-            recent: BTreeMap::new(),
+            recent: Vec::new(),
         }
     }
 
@@ -163,7 +165,11 @@ impl AssetState {
     }
 
     fn fold_commit(&mut self, e: &AssetEvent) -> FoldOutcome {
-        if let Some(existing) = self.recent.get_mut(&e.sequence) {
+        let at = self
+            .recent
+            .binary_search_by_key(&e.sequence, |c| c.sequence);
+        if let Ok(i) = at {
+            let existing = &mut self.recent[i];
             // The same commit seen again (push and poll). Join the details so the
             // result does not depend on which path arrived first.
             let before = existing.clone();
@@ -193,9 +199,8 @@ impl AssetState {
         if full
             && self
                 .recent
-                .keys()
-                .next()
-                .is_some_and(|&min| e.sequence < min)
+                .first()
+                .is_some_and(|min| e.sequence < min.sequence)
         {
             return FoldOutcome::Unchanged(Stale::TooLate);
         }
@@ -212,9 +217,9 @@ impl AssetState {
             self.data_commit_count += 1;
         }
         self.refresh_latest(&info);
-        self.recent.insert(info.sequence, info);
+        self.recent.insert(at.unwrap_or_else(|i| i), info);
         if self.recent.len() > RECENT_COMMITS {
-            self.recent.pop_first();
+            self.recent.remove(0);
         }
         FoldOutcome::Changed
     }
@@ -239,15 +244,16 @@ impl AssetState {
 
     /// True when a remembered commit newer than `after_sequence` touched `partition`.
     pub fn partition_committed_after(&self, partition: &str, after_sequence: Option<i64>) -> bool {
-        self.recent
-            .range(after_sequence.map_or(i64::MIN, |s| s.saturating_add(1))..)
-            .any(|(_, c)| c.partitions.contains(partition))
+        let from = after_sequence.map_or(0, |s| self.recent.partition_point(|c| c.sequence <= s));
+        self.recent[from..]
+            .iter()
+            .any(|c| c.partitions.contains(partition))
     }
 
     /// Partitions touched by the remembered commits.
     pub fn recent_partitions(&self) -> BTreeSet<&str> {
         self.recent
-            .values()
+            .iter()
             .flat_map(|c| c.partitions.iter().map(String::as_str))
             .collect()
     }

@@ -174,6 +174,78 @@ impl Changelog for MemoryChangelog {
     }
 }
 
+/// The newest record of each key of a changelog read, kept undecoded.
+///
+/// Until the broker compacts it, a changelog's head holds every revision of a busy
+/// key; a restore that decodes only the newest of each decodes each key once. A
+/// record a newer one replaces is never decoded, so it cannot fail the restore
+/// either: nothing would have kept it.
+#[derive(Default)]
+pub struct NewestByKey {
+    newest: foldhash::HashMap<Box<[u8]>, Newest>,
+}
+
+struct Newest {
+    partition: i32,
+    offset: i64,
+    tombstone: bool,
+    /// Reused by the next revision of the key: most are as long.
+    payload: Vec<u8>,
+}
+
+impl NewestByKey {
+    /// Keeps `r` if it is the newest of its key so far (records are handed in
+    /// offset order per partition, and a key lives on one partition). A record
+    /// without a key names nothing: false, for the caller to report.
+    pub fn keep(&mut self, r: Record<'_>) -> bool {
+        let Some(key) = r.key else {
+            return false;
+        };
+        let value = r.payload.unwrap_or_default();
+        match self.newest.get_mut(key) {
+            Some(slot) => {
+                slot.partition = r.partition;
+                slot.offset = r.offset;
+                slot.tombstone = r.payload.is_none();
+                slot.payload.clear();
+                slot.payload.extend_from_slice(value);
+            }
+            None => {
+                let newest = Newest {
+                    partition: r.partition,
+                    offset: r.offset,
+                    tombstone: r.payload.is_none(),
+                    payload: value.to_vec(),
+                };
+                self.newest.insert(Box::from(key), newest);
+            }
+        }
+        true
+    }
+
+    /// Keys kept.
+    pub fn len(&self) -> usize {
+        self.newest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.newest.is_empty()
+    }
+
+    /// Hands each key's newest record to `f`, in no particular order.
+    pub fn for_each<E>(self, mut f: impl FnMut(Record<'_>) -> Result<(), E>) -> Result<(), E> {
+        for (key, n) in self.newest {
+            f(Record {
+                partition: n.partition,
+                offset: n.offset,
+                key: Some(&key),
+                payload: (!n.tombstone).then_some(&n.payload[..]),
+            })?;
+        }
+        Ok(())
+    }
+}
+
 /// Reads `partitions` of `topic` from the beginning to their end (the last stable
 /// offset under `read_committed`), handing each record to `on_record`. The read
 /// fails if it has not reached the end within `deadline`, or if `on_record` fails.
@@ -268,4 +340,60 @@ pub fn follow(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record<'a>(offset: i64, key: Option<&'a [u8]>, payload: Option<&'a [u8]>) -> Record<'a> {
+        Record {
+            partition: 1,
+            offset,
+            key,
+            payload,
+        }
+    }
+
+    #[test]
+    fn only_the_newest_record_of_each_key_is_handed_on() {
+        let mut newest = NewestByKey::default();
+        assert!(newest.keep(record(0, Some(b"a"), Some(b"a-long-first-revision"))));
+        assert!(newest.keep(record(1, Some(b"b"), Some(b"b1"))));
+        assert!(newest.keep(record(2, Some(b"a"), Some(b"a2"))));
+        assert!(newest.keep(record(3, Some(b"b"), None)));
+        assert!(!newest.keep(record(4, None, Some(b"nameless"))));
+        assert_eq!(newest.len(), 2);
+        let mut seen = Vec::new();
+        newest
+            .for_each(|r| {
+                seen.push((
+                    r.key.map(<[u8]>::to_vec),
+                    r.offset,
+                    r.payload.map(<[u8]>::to_vec),
+                ));
+                Ok::<(), ()>(())
+            })
+            .expect("no failure");
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                (Some(b"a".to_vec()), 2, Some(b"a2".to_vec())),
+                (Some(b"b".to_vec()), 3, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_value_is_not_a_tombstone() {
+        let mut newest = NewestByKey::default();
+        newest.keep(record(0, Some(b"a"), Some(b"")));
+        let mut payload = None;
+        let _ = newest.for_each(|r| {
+            payload = r.payload.map(<[u8]>::to_vec);
+            Ok::<(), ()>(())
+        });
+        assert_eq!(payload, Some(Vec::new()));
+    }
 }

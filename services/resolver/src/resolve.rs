@@ -136,13 +136,13 @@ impl Resolve {
                     let Some(owned) = self.registry.get(id) else {
                         continue;
                     };
-                    for a in owned.spec.condition.inputs() {
+                    owned.spec.condition.for_each_input(|a| {
                         if !inputs.contains_key(a)
                             && let Some((state, _)) = states.state(a.as_str())
                         {
                             inputs.insert(a.clone(), state);
                         }
-                    }
+                    });
                 }
             }
             let lookup = |a: &AssetKey| inputs.get(a);

@@ -2,6 +2,7 @@
 //! asset-state (a dependency may read any asset), keeps the newest revision of
 //! each asset, and queues the keys that changed for the next evaluation pass.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use rdkafka::message::Message;
 use sluice_core::packed::{PackedState, StateTable};
 use sluice_core::{AssetKey, AssetState};
 use sluice_kit::BlockingCodec;
+use sluice_kit::changelog::{NewestByKey, Record};
 
 use crate::metrics as m;
 
@@ -142,12 +144,21 @@ impl GlobalTable {
         timeout: Duration,
     ) -> Result<(), sluice_kit::changelog::ChangelogError> {
         let started = Instant::now();
+        // Until caught up, only each key's newest record is kept and decoded once
+        // at the end (`NewestByKey`); after, every record is applied as it comes.
+        let catching_up = RefCell::new(Some(NewestByKey::default()));
         sluice_kit::changelog::follow(
             &config,
             topic,
             timeout,
             stop,
             || {
+                if let Some(newest) = catching_up.borrow_mut().take() {
+                    let _ = newest.for_each(|r| {
+                        self.apply_record(r, codec);
+                        Ok::<(), ()>(())
+                    });
+                }
                 metrics::histogram!(m::TABLE_RESTORE_SECONDS)
                     .record(started.elapsed().as_secs_f64());
                 tracing::info!(
@@ -159,20 +170,36 @@ impl GlobalTable {
             },
             |msg| {
                 self.records.fetch_add(1, Ordering::Relaxed);
-                match decode(msg, codec) {
-                    Ok((key, value)) => {
-                        self.apply(key, value);
-                    }
-                    Err(e) => {
-                        // The state-updater wrote it; a record we cannot read is
-                        // a bug or a foreign writer. Counted and logged, not guessed at.
-                        metrics::counter!(m::TABLE_UNREADABLE_TOTAL).increment(1);
-                        let at = format!("asset-state {}@{}", msg.partition(), msg.offset());
-                        tracing::error!(record = %at, error = %e, "unreadable asset-state record skipped");
-                    }
+                let r = Record {
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                    key: msg.key(),
+                    payload: msg.payload(),
+                };
+                let kept = catching_up
+                    .borrow_mut()
+                    .as_mut()
+                    .is_some_and(|newest| newest.keep(r));
+                if !kept {
+                    self.apply_record(r, codec);
                 }
             },
         )
+    }
+
+    fn apply_record(&self, r: Record<'_>, codec: &BlockingCodec) {
+        match decode(r, codec) {
+            Ok((key, value)) => {
+                self.apply(key, value);
+            }
+            Err(e) => {
+                // The state-updater wrote it; a record we cannot read is
+                // a bug or a foreign writer. Counted and logged, not guessed at.
+                metrics::counter!(m::TABLE_UNREADABLE_TOTAL).increment(1);
+                let at = format!("asset-state {}@{}", r.partition, r.offset);
+                tracing::error!(record = %at, error = %e, "unreadable asset-state record skipped");
+            }
+        }
     }
 }
 
@@ -192,15 +219,15 @@ enum Unreadable {
 }
 
 fn decode(
-    msg: &rdkafka::message::BorrowedMessage<'_>,
+    r: Record<'_>,
     codec: &BlockingCodec,
 ) -> Result<(AssetKey, Option<(AssetState, i64)>), Unreadable> {
-    let key = msg
-        .key()
+    let key = r
+        .key
         .and_then(|k| std::str::from_utf8(k).ok())
         .ok_or(Unreadable::KeyNotUtf8)?;
     let key = AssetKey::parse(key)?;
-    let Some(payload) = msg.payload() else {
+    let Some(payload) = r.payload else {
         return Ok((key, None));
     };
     let record = codec.decode_state(payload)?;

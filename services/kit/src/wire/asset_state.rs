@@ -83,7 +83,7 @@ impl StateRecord {
             schema_id: state.schema.map(|(_, id)| id),
             quality: state.quality,
             expired_through: state.expired_through,
-            recent: state.recent.values().map(WireCommit::from).collect(),
+            recent: state.recent.iter().map(WireCommit::from).collect(),
         }
     }
 
@@ -109,14 +109,25 @@ impl StateRecord {
             schema,
             quality: self.quality,
             expired_through: self.expired_through,
-            recent: self
-                .recent
-                .into_iter()
-                .map(|c| (c.sequence, CommitInfo::from(c)))
-                .collect::<BTreeMap<_, _>>(),
+            recent: by_sequence(self.recent),
         };
         Ok((state, self.revision))
     }
+}
+
+/// The recent commits by ascending sequence, one per sequence, as the core keeps
+/// them. The updater writes them so; any other order is sorted, and of two commits
+/// with one sequence the later wins.
+fn by_sequence(recent: Vec<WireCommit>) -> Vec<CommitInfo> {
+    if recent.windows(2).all(|w| w[0].sequence < w[1].sequence) {
+        return recent.into_iter().map(CommitInfo::from).collect();
+    }
+    recent
+        .into_iter()
+        .map(|c| (c.sequence, CommitInfo::from(c)))
+        .collect::<BTreeMap<_, _>>()
+        .into_values()
+        .collect()
 }
 
 /// Reads an asset-state datum written with the current schema, by hand.
@@ -358,6 +369,28 @@ mod tests {
         let bytes = datum(&record);
         assert_eq!(read_datum(&bytes), Ok(record.clone()));
         assert_eq!(generic(&bytes), Ok(record));
+    }
+
+    #[test]
+    fn recent_commits_out_of_order_are_sorted_and_the_later_of_a_sequence_wins() {
+        let key = AssetKey::parse("lake.ods.orders").expect("valid");
+        let e = AssetEvent::committed(key, TableFormat::Hudi, 3, 3, 9, EventSource::Push);
+        let state = sluice_core::AssetState::fold_all([&e]).expect("state");
+        let mut record = StateRecord::new(&state, 1);
+        let c = record.recent[0].clone();
+        let at = |sequence, commit_time_ms| WireCommit {
+            sequence,
+            commit_time_ms,
+            ..c.clone()
+        };
+        record.recent = vec![at(5, 1), at(3, 2), at(5, 3)];
+        let (state, _) = record.into_state().expect("state");
+        let got: Vec<(i64, i64)> = state
+            .recent
+            .iter()
+            .map(|c| (c.sequence, c.commit_time_ms))
+            .collect();
+        assert_eq!(got, vec![(3, 2), (5, 3)]);
     }
 
     proptest! {
