@@ -171,6 +171,7 @@ pub enum TableFormat {
 }
 
 impl TableFormat {
+    /// Every format in declaration order: the Avro enum's symbol order.
     pub const ALL: [TableFormat; 5] = [
         TableFormat::Paimon,
         TableFormat::Iceberg,

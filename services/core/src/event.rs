@@ -45,6 +45,15 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Every operation in declaration order: the Avro enum's symbol order.
+    pub const ALL: [Operation; 5] = [
+        Operation::Append,
+        Operation::Overwrite,
+        Operation::Compact,
+        Operation::Delete,
+        Operation::Other,
+    ];
+
     /// True for commits that change the table's data (what business triggers wait for).
     pub fn changes_data(self) -> bool {
         matches!(
@@ -85,6 +94,15 @@ pub enum QualityStatus {
     Passed,
     Warned,
     Failed,
+}
+
+impl QualityStatus {
+    /// Every status in declaration order: the Avro enum's symbol order.
+    pub const ALL: [QualityStatus; 3] = [
+        QualityStatus::Passed,
+        QualityStatus::Warned,
+        QualityStatus::Failed,
+    ];
 }
 
 /// Deterministic identity of an event: `ev1-` + 32 hex chars of SHA-256 over

@@ -54,7 +54,7 @@ impl PackedState {
         put_str(&mut w, state.asset_key.as_str());
         put_i64(&mut w, revision);
         put_i64(&mut w, i64::from(partition));
-        w.push(format_code(state.format));
+        w.push(code(&TableFormat::ALL, state.format));
         let flags = [
             (state.watermark_ms.is_some(), HAS_WATERMARK),
             (state.schema.is_some(), HAS_SCHEMA),
@@ -77,7 +77,7 @@ impl PackedState {
         if let Some(q) = state.quality {
             put_i64(&mut w, q.sequence);
             put_i64(&mut w, q.reported_at_ms);
-            w.push(quality_code(q.status));
+            w.push(code(&QualityStatus::ALL, q.status));
         }
         if let Some(v) = state.expired_through {
             put_i64(&mut w, v);
@@ -140,7 +140,7 @@ impl PackedState {
         let asset_key = AssetKey::trusted(r.str());
         let revision = r.i64();
         r.i64();
-        let format = format_of(r.u8());
+        let format = of(&TableFormat::ALL, r.u8());
         let flags = r.u8();
         let commit_count = r.u64();
         let data_commit_count = r.u64();
@@ -149,7 +149,7 @@ impl PackedState {
         let quality = (flags & HAS_QUALITY != 0).then(|| QualityMark {
             sequence: r.i64(),
             reported_at_ms: r.i64(),
-            status: quality_of(r.u8()),
+            status: of(&QualityStatus::ALL, r.u8()),
         });
         let expired_through = (flags & HAS_EXPIRED != 0).then(|| r.i64());
         let n = r.u64() as usize;
@@ -321,7 +321,7 @@ fn put_commit(w: &mut Vec<u8>, c: &CommitInfo) {
     put_i64(w, c.snapshot_id);
     put_i64(w, c.sequence);
     put_i64(w, c.commit_time_ms);
-    w.push(operation_code(c.operation));
+    w.push(code(&Operation::ALL, c.operation));
     put_u64(w, c.partitions.len() as u64);
     for p in &c.partitions {
         put_str(w, p);
@@ -404,7 +404,7 @@ impl<'a> Reader<'a> {
         let snapshot_id = self.i64();
         let sequence = self.i64();
         let commit_time_ms = self.i64();
-        let operation = operation_of(self.u8());
+        let operation = of(&Operation::ALL, self.u8());
         let n = self.u64() as usize;
         let partitions = (0..n).map(|_| self.str().to_owned()).collect();
         CommitInfo {
@@ -418,44 +418,15 @@ impl<'a> Reader<'a> {
     }
 }
 
-// Codes of the enums; the bytes never leave the process, so they need no schema.
-const FORMATS: [TableFormat; 5] = [
-    TableFormat::Paimon,
-    TableFormat::Iceberg,
-    TableFormat::Hudi,
-    TableFormat::Delta,
-    TableFormat::Other,
-];
-const OPERATIONS: [Operation; 5] = [
-    Operation::Append,
-    Operation::Overwrite,
-    Operation::Compact,
-    Operation::Delete,
-    Operation::Other,
-];
-const QUALITIES: [QualityStatus; 3] = [
-    QualityStatus::Passed,
-    QualityStatus::Warned,
-    QualityStatus::Failed,
-];
+/// An enum's code: its position in its `ALL`. The bytes never leave the process,
+/// so they need no schema.
+fn code<T: PartialEq + Copy>(all: &[T], v: T) -> u8 {
+    all.iter().position(|x| *x == v).unwrap_or_default() as u8
+}
 
-fn format_code(f: TableFormat) -> u8 {
-    FORMATS.iter().position(|x| *x == f).unwrap_or_default() as u8
-}
-fn format_of(b: u8) -> TableFormat {
-    FORMATS[usize::from(b)]
-}
-fn operation_code(o: Operation) -> u8 {
-    OPERATIONS.iter().position(|x| *x == o).unwrap_or_default() as u8
-}
-fn operation_of(b: u8) -> Operation {
-    OPERATIONS[usize::from(b)]
-}
-fn quality_code(q: QualityStatus) -> u8 {
-    QUALITIES.iter().position(|x| *x == q).unwrap_or_default() as u8
-}
-fn quality_of(b: u8) -> QualityStatus {
-    QUALITIES[usize::from(b)]
+/// The enum value of a code [`code`] wrote.
+fn of<T: Copy>(all: &[T], code: u8) -> T {
+    all[usize::from(code)]
 }
 
 #[cfg(test)]
@@ -561,8 +532,8 @@ mod tests {
                 e.watermark_ms = wm;
                 e.schema_id = wm.map(|w| w % 7);
                 e.partitions = parts.into_iter().map(|p| format!("p={p}")).collect();
-                e.operation = OPERATIONS[op];
-                e.quality = Some(QUALITIES[q]);
+                e.operation = Operation::ALL[op];
+                e.quality = Some(QualityStatus::ALL[q]);
                 if foreign_id {
                     e.event_id = EventId::from_wire(format!("EV1-{seq}"));
                 }

@@ -143,7 +143,7 @@ pub fn read_datum(bytes: &[u8]) -> Result<StateRecord, String> {
     let record = StateRecord {
         asset_key: AssetKey::parse(r.string()?).map_err(|e| e.to_string())?,
         revision: r.long()?,
-        format: r.symbol(&FORMATS, "TableFormat")?,
+        format: r.symbol(&TableFormat::ALL, "TableFormat")?,
         latest: r.optional(Datum::commit)?,
         latest_data: r.optional(Datum::commit)?,
         commit_count: r.long()?,
@@ -155,7 +155,7 @@ pub fn read_datum(bytes: &[u8]) -> Result<StateRecord, String> {
             Ok(QualityMark {
                 sequence: r.long()?,
                 reported_at_ms: r.long()?,
-                status: r.symbol(&QUALITIES, "QualityStatus")?,
+                status: r.symbol(&sluice_core::QualityStatus::ALL, "QualityStatus")?,
             })
         })?,
         expired_through: r.optional(Datum::long)?,
@@ -169,26 +169,6 @@ pub fn read_datum(bytes: &[u8]) -> Result<StateRecord, String> {
     }
     Ok(record)
 }
-
-const FORMATS: [TableFormat; 5] = [
-    TableFormat::Paimon,
-    TableFormat::Iceberg,
-    TableFormat::Hudi,
-    TableFormat::Delta,
-    TableFormat::Other,
-];
-const OPERATIONS: [sluice_core::Operation; 5] = [
-    sluice_core::Operation::Append,
-    sluice_core::Operation::Overwrite,
-    sluice_core::Operation::Compact,
-    sluice_core::Operation::Delete,
-    sluice_core::Operation::Other,
-];
-const QUALITIES: [sluice_core::QualityStatus; 3] = [
-    sluice_core::QualityStatus::Passed,
-    sluice_core::QualityStatus::Warned,
-    sluice_core::QualityStatus::Failed,
-];
 
 /// Avro's binary encoding: zig-zag varint longs, length-prefixed strings, a
 /// long branch index before a union's value, arrays in counted blocks.
@@ -287,7 +267,7 @@ impl<'a> Datum<'a> {
             snapshot_id: self.long()?,
             sequence: self.long()?,
             commit_time_ms: self.long()?,
-            operation: self.symbol(&OPERATIONS, "Operation")?,
+            operation: self.symbol(&sluice_core::Operation::ALL, "Operation")?,
             partitions: self.array(|r| r.string().map(str::to_owned))?,
         })
     }
@@ -348,8 +328,8 @@ mod tests {
                     e.watermark_ms = wm;
                     e.schema_id = wm.map(|w| w % 3);
                     e.partitions = parts;
-                    e.operation = OPERATIONS[op];
-                    e.quality = Some(QUALITIES[q]);
+                    e.operation = Operation::ALL[op];
+                    e.quality = Some(QualityStatus::ALL[q]);
                     e
                 })
                 .collect();
