@@ -391,13 +391,14 @@ impl<'a> Reader<'a> {
         let event_id = match self.u8() {
             DERIVED_ID => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
-                let mut id = String::with_capacity(DERIVED_PREFIX.len() + 32);
-                id.push_str(DERIVED_PREFIX);
-                for b in self.take(16) {
-                    id.push(char::from(HEX[usize::from(b >> 4)]));
-                    id.push(char::from(HEX[usize::from(b & 15)]));
+                let mut id = [0u8; 36];
+                id[..4].copy_from_slice(DERIVED_PREFIX.as_bytes());
+                for (i, b) in self.take(16).iter().enumerate() {
+                    id[4 + 2 * i] = HEX[usize::from(b >> 4)];
+                    id[5 + 2 * i] = HEX[usize::from(b & 15)];
                 }
-                EventId::from_wire(id)
+                // ASCII, so borrowed as is: one allocation, the String's.
+                EventId::from_wire(String::from_utf8_lossy(&id).into_owned())
             }
             _ => EventId::from_wire(self.str().to_owned()),
         };
