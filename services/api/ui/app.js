@@ -415,9 +415,6 @@ async function refresh() {
     try { me = await api('GET', '/v1/whoami'); started(); } catch (e) { main.replaceChildren(signInPage()); return; }
   }
   for (const a of document.querySelectorAll('[data-nav]')) a.classList.toggle('active', a.dataset.nav === parts[0]);
-  // A live redraw keeps what the user was typing and where.
-  const focused = document.activeElement?.id;
-  const typed = [...main.querySelectorAll('input[id]')].map((i) => [i.id, i.value]);
   try {
     let page;
     switch (parts[0]) {
@@ -429,6 +426,11 @@ async function refresh() {
       case 'signin': page = signInPage(); break;
       default: page = await graphPage(params);
     }
+    // A live redraw keeps what the user was typing and where — read now, after
+    // the page's requests, not before them: what was typed while they were under
+    // way would be lost (a backfill's partitions, typed as a run status arrived).
+    const focused = document.activeElement?.id;
+    const typed = [...main.querySelectorAll('input[id]')].map((i) => [i.id, i.value]);
     main.replaceChildren(...[page].flat());
     main.dataset.page = parts[0] ?? 'graph';
     main.dataset.loaded = String(Date.now());
