@@ -13,8 +13,6 @@
 //! Unpacking is cheap (a few hundred nanoseconds) next to what a reader does
 //! with a state, and only the assets a pass reads are unpacked.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use hashbrown::HashTable;
 
 use crate::asset::{AssetKey, TableFormat};
@@ -248,11 +246,6 @@ impl StateTable {
     pub fn iter(&self) -> impl Iterator<Item = &PackedState> {
         self.table.iter()
     }
-
-    /// The keys, sorted (listings page by key).
-    pub fn sorted_keys(&self) -> BTreeSet<&str> {
-        self.table.iter().map(PackedState::key).collect()
-    }
 }
 
 impl Extend<PackedState> for StateTable {
@@ -269,25 +262,6 @@ impl IntoIterator for StateTable {
     fn into_iter(self) -> Self::IntoIter {
         self.table.into_iter()
     }
-}
-
-impl FromIterator<PackedState> for StateTable {
-    fn from_iter<I: IntoIterator<Item = PackedState>>(iter: I) -> Self {
-        let mut t = StateTable::new();
-        t.extend(iter);
-        t
-    }
-}
-
-/// Unpacked states in key order: what a listing or a test compares.
-pub fn unpack_all(table: &StateTable) -> BTreeMap<AssetKey, (AssetState, i64)> {
-    table
-        .iter()
-        .map(|p| {
-            let (s, r) = p.unpack();
-            (s.asset_key.clone(), (s, r))
-        })
-        .collect()
 }
 
 fn put_u64(w: &mut Vec<u8>, mut v: u64) {
@@ -501,7 +475,6 @@ mod tests {
         t.retain(|p| p.partition() != 0);
         assert_eq!(t.len(), 75, "99 held, 24 of them on partition 0");
         assert!(t.iter().all(|p| p.partition() != 0));
-        assert_eq!(unpack_all(&t).len(), t.sorted_keys().len());
     }
 
     fn arb_event(k: AssetKey) -> impl Strategy<Value = AssetEvent> {
