@@ -497,12 +497,12 @@ pub fn rss_bytes() -> u64 {
 /// Reads partitions `0..partitions` of `topic` to their end (read_committed), as a
 /// benchmark's raw-broker reference; returns (records, seconds).
 pub fn raw_consume(topic: &str, partitions: i32) -> (u64, f64) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::consumer::Consumer;
     use rdkafka::error::KafkaError;
     use rdkafka::{Offset, TopicPartitionList};
-    let mut cfg = kafka().reader_config(&unique("raw"));
-    cfg.set("enable.partition.eof", "true");
-    let c: BaseConsumer = cfg.create().expect("consumer");
+    // The client settings of Sluice's own readers, so a restore is compared with a
+    // read as well tuned as its own.
+    let c = sluice_kit::kafka::reader(&kafka().reader_config(&unique("raw"))).expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)
