@@ -4,8 +4,12 @@ instant the timeline completed for it.
 
     python hudi_spark.py <bundle.jar> <table path> <name> <table type> <day>[,<day>...]...
 
-Each argument after the table type is one upsert writing rows to those `dt`
-partitions (a MERGE_ON_READ table makes each a deltacommit)."""
+Each argument after the table type is one upsert writing one row to each of those
+`dt` partitions, keyed by the partition: the first write to a partition inserts
+its row, later ones update it (a MERGE_ON_READ table makes each a deltacommit,
+and an update a log file for compaction to merge). The environment variable
+HUDI_CALLBACK_URL (with HUDI_CALLBACK_KEY) turns on Hudi's own HTTP write-commit
+callback."""
 import json
 import os
 import sys
@@ -40,10 +44,19 @@ def main(jar, path, name, table_type, writes):
         "hoodie.datasource.write.operation": "upsert",
         "hoodie.upsert.shuffle.parallelism": "1",
         "hoodie.insert.shuffle.parallelism": "1",
+        # Sluice schedules the table services: the writer must not compact inline.
+        "hoodie.compact.inline": "false",
     }
+    if os.environ.get("HUDI_CALLBACK_URL"):
+        opts.update({
+            "hoodie.write.commit.callback.on": "true",
+            "hoodie.write.commit.callback.http.url": os.environ["HUDI_CALLBACK_URL"],
+            "hoodie.write.commit.callback.http.api.key": os.environ.get("HUDI_CALLBACK_KEY", ""),
+            "hoodie.write.commit.callback.http.timeout.seconds": "10",
+        })
     seen = set(timeline(path)) if os.path.isdir(os.path.join(path, ".hoodie", "timeline")) else set()
     for i, days in enumerate(writes):
-        rows = [(f"{d}-{i}", i, d) for d in days.split(",")]
+        rows = [(d, i, d) for d in days.split(",")]
         df = spark.createDataFrame(rows, "id string, ts int, dt string")
         df.write.format("hudi").options(**opts).mode("append").save(path)
         new = [n for n in timeline(path) if n not in seen]

@@ -1455,6 +1455,8 @@ async fn a_kafka_target_gets_one_record_and_an_unknown_send_is_never_repeated() 
 /// run directory with its pid and exit code): a kill -9 of the dispatcher in the
 /// middle of the command leaves it running, and the restarted dispatcher
 /// reconciles the job from the run directory — SUCCEEDED, the command run once.
+/// The job's deadline is five minutes away: the restart itself releases its
+/// predecessor's jobs to the reconcile (a compaction may run for an hour).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
     let run = Run::new().await;
@@ -1464,7 +1466,7 @@ async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
     let runs = dir.join("runs").display().to_string();
     let targets = format!(
         r#"[{{"kind": "command", "name": "long", "argv": ["sh", "-c", "echo $SLUICE_INVOCATION_ID >> {}; sleep 3; echo ok >> {}"],
-             "send_timeout_ms": 5000, "deadline_ms": 6000}}]"#,
+             "send_timeout_ms": 240000, "deadline_ms": 300000}}]"#,
         starts.display(),
         done.display()
     );
@@ -1487,7 +1489,7 @@ async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
     run.wait_status(
         &keys(std::slice::from_ref(&t)),
         "SUCCEEDED",
-        Duration::from_secs(60),
+        Duration::from_secs(45),
     )
     .await;
     let lines = |p: &std::path::Path| {

@@ -542,6 +542,47 @@ mod tests {
     }
 
     #[test]
+    fn a_compaction_policy_requests_one_compaction_at_a_time() {
+        use crate::table_service::{Service, Strategy};
+        let policy = spec(leaf(
+            "l.o.t",
+            vec![Predicate::TableService {
+                service: Service::Compaction,
+                strategy: Strategy::NumCommits,
+                num_commits: 4,
+                delta_seconds: 3_600,
+            }],
+        ));
+        let business = spec(leaf("l.o.t", vec![]));
+        let mut w = World::default();
+        let (mut pp, mut pb) = (Progress::default(), Progress::default());
+        let mut run = |w: &World| {
+            (
+                w.step(&policy, &mut pp, 0, Cause::Change).fires.len(),
+                w.step(&business, &mut pb, 0, Cause::Change).fires.len(),
+            )
+        };
+        let mut fired = Vec::new();
+        // Five delta commits: the fourth requests a compaction; the fifth finds
+        // it in flight.
+        for seq in 1..=5 {
+            w.data("l.o.t", seq);
+            fired.push(run(&w));
+        }
+        assert_eq!(fired, [(0, 1), (0, 1), (0, 1), (1, 1), (0, 1)]);
+        // The compaction completes (sequence 6): the count starts again from it,
+        // and the business dependency does not fire on it.
+        w.commit("l.o.t", 6, "dt=1", None, Operation::Compact);
+        assert_eq!(run(&w), (0, 0));
+        let mut fired = Vec::new();
+        for seq in 7..=10 {
+            w.data("l.o.t", seq);
+            fired.push(run(&w).0);
+        }
+        assert_eq!(fired, [0, 0, 0, 1], "four delta commits after it");
+    }
+
+    #[test]
     fn per_partition_fires_once_per_partition_every_input_committed() {
         let mut s = spec(Condition::All(vec![
             leaf("l.o.a", vec![]),

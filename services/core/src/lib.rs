@@ -10,6 +10,7 @@
 //! * [`condition`] — the dependency condition tree (ALL / ANY over per-asset predicates).
 //! * [`dependency`] — [`DependencySpec`]: a condition with its mode, coalescing and target, validated, and the cycle check over a set.
 //! * [`packed`] — states packed into bytes, to hold millions of assets in memory.
+//! * [`table_service`] — table-service policies (Hudi's trigger strategies for compaction).
 //! * [`decide`] — the decision of one dependency: what fires now and what its progress becomes.
 //! * [`explain`] — "why did / didn't it run": the same evaluation, told leaf by leaf.
 //! * [`grants`] — which project may read which namespaces and trigger which targets.
@@ -29,6 +30,7 @@ pub mod grants;
 pub mod job;
 pub mod packed;
 pub mod state;
+pub mod table_service;
 pub mod trigger;
 
 mod digest;

@@ -7,6 +7,13 @@
 //! rollout) leaves it running, and the reconcile of its UNKNOWN job reads the
 //! directory: an `exit` file is the outcome, a live pid is a run to follow, a dead
 //! pid without `exit` is a failed attempt, no directory is a command never started.
+//!
+//! A table-service run may also name the instant it planned on a Hudi table
+//! (`hudi-instant.json`: `{"path": …, "instant": …}`, written by
+//! `engines/hudi_table_service.py` before it runs the plan). When such a run ends
+//! without an exit code (its machine rebooted, it was killed), the table's
+//! timeline tells the outcome: the instant completed is a success, whoever was
+//! watching; not completed is a failed attempt whose retry resumes the plan.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -166,14 +173,70 @@ fn outcome(dir: &Path) -> Observed {
         Some(pid) if Path::new(&format!("/proc/{pid}")).exists() => {
             Observed::Running { external_id }
         }
-        Some(pid) => Observed::Failed {
-            external_id,
-            reason: format!("the run (pid {pid}) ended without an exit code: killed"),
+        Some(pid) => match planned_instant(dir) {
+            Some((path, instant)) if hudi_completed(&path, &instant) => Observed::Succeeded {
+                external_id: Some(format!("{}#{instant}", path.display())),
+            },
+            Some((path, instant)) => Observed::Failed {
+                external_id,
+                reason: format!(
+                    "the run (pid {pid}) ended without an exit code and instant {instant} is not completed on the timeline of {}",
+                    path.display()
+                ),
+            },
+            None => Observed::Failed {
+                external_id,
+                reason: format!("the run (pid {pid}) ended without an exit code: killed"),
+            },
         },
         None => Observed::Failed {
             external_id,
             reason: "the run directory exists but the command never started".into(),
         },
+    }
+}
+
+/// The Hudi instant a table-service run planned, if it wrote one.
+fn planned_instant(dir: &Path) -> Option<(PathBuf, String)> {
+    let text = std::fs::read_to_string(dir.join("hudi-instant.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let instant = v.get("instant")?.as_str()?;
+    // An instant is digits only: it becomes part of a file name below.
+    if instant.is_empty() || !instant.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((PathBuf::from(v.get("path")?.as_str()?), instant.to_owned()))
+}
+
+/// Whether `instant` completed on the Hudi table at `path`: a completed instant
+/// file for it in the 1.x layout (`.hoodie/timeline/<instant>_<completed>.<action>`)
+/// or the 0.x one (`.hoodie/<instant>.<action>`, no `.requested` / `.inflight`).
+fn hudi_completed(path: &Path, instant: &str) -> bool {
+    let done = |dir: PathBuf, layout2: bool| {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries.filter_map(Result::ok).any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                let Some((stem, action)) = name.split_once('.') else {
+                    return false;
+                };
+                let completed_stem = if layout2 {
+                    stem.split_once('_').map(|(req, _)| req)
+                } else {
+                    Some(stem)
+                };
+                completed_stem == Some(instant)
+                    && !action.ends_with(".requested")
+                    && !action.ends_with(".inflight")
+            })
+        })
+    };
+    let hoodie = path.join(".hoodie");
+    let layout2 = hoodie.join("timeline");
+    if layout2.is_dir() {
+        done(layout2, true)
+    } else {
+        done(hoodie, false)
     }
 }
 
@@ -210,6 +273,49 @@ mod tests {
         }
         std::fs::write(d.join("exit"), "0\n").expect("w");
         assert!(matches!(outcome(&d), Observed::Succeeded { .. }));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_killed_table_service_run_is_told_by_the_timeline() {
+        let d = dir("timeline");
+        let table = d.join("orders");
+        let tl = table.join(".hoodie/timeline");
+        std::fs::create_dir_all(&tl).expect("timeline");
+        std::fs::write(d.join("pid"), "999999999").expect("w");
+        std::fs::write(
+            d.join("hudi-instant.json"),
+            serde_json::json!({"path": table, "instant": "20261207031412979"}).to_string(),
+        )
+        .expect("w");
+        // Planned and inflight: a failed attempt (its retry resumes the plan).
+        for f in [
+            "20261207031412979.compaction.requested",
+            "20261207031412979.compaction.inflight",
+            "20261207031412000_20261207031412100.deltacommit",
+        ] {
+            std::fs::write(tl.join(f), "").expect("w");
+        }
+        match outcome(&d) {
+            Observed::Failed { reason, .. } => {
+                assert!(reason.contains("not completed on the timeline"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Completed as a commit: a success, though nobody saw the exit.
+        std::fs::write(tl.join("20261207031412979_20261207031427848.commit"), "").expect("w");
+        assert!(matches!(outcome(&d), Observed::Succeeded { .. }));
+        // Hudi 0.x's layout.
+        let old = d.join("old");
+        std::fs::create_dir_all(old.join(".hoodie")).expect("w");
+        std::fs::write(
+            old.join(".hoodie/20261207031412979.compaction.inflight"),
+            "",
+        )
+        .expect("w");
+        assert!(!hudi_completed(&old, "20261207031412979"));
+        std::fs::write(old.join(".hoodie/20261207031412979.commit"), "").expect("w");
+        assert!(hudi_completed(&old, "20261207031412979"));
         let _ = std::fs::remove_dir_all(&d);
     }
 }

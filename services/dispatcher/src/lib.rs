@@ -216,6 +216,13 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
     metrics::describe();
     let pool = connect(&options, &shutdown).await?;
     let epoch = take_epoch(&pool, &options.common.instance).await?;
+    let released = store::release_predecessors(&pool, &options.common.instance, epoch).await?;
+    if !released.is_empty() {
+        tracing::warn!(
+            jobs = released.len(),
+            "RUNNING jobs of this instance's previous start → UNKNOWN, to be reconciled"
+        );
+    }
     tracing::info!(
         epoch,
         bootstrap_targets = options.targets.all().count(),

@@ -451,6 +451,31 @@ RETURNING trigger_key"#,
     .await
 }
 
+/// RUNNING jobs whose sender is gone for certain: claimed by an earlier epoch of
+/// `instance`, which this start (`epoch`) replaces. They go to UNKNOWN at once,
+/// to be reconciled by asking the target (a command's run directory, Airflow's
+/// dag run), instead of waiting out a deadline that a long table service makes
+/// long. Never resent: the reconcile follows a run still going.
+pub async fn release_predecessors(
+    pool: &PgPool,
+    instance: &str,
+    epoch: i64,
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        r#"
+UPDATE jobs SET status = 'UNKNOWN', revision = revision + 1,
+       reason = 'its dispatcher restarted before an outcome was recorded', next_attempt_at = now(),
+       lease_owner = NULL, lease_until = NULL, updated_at = now()
+WHERE status = 'RUNNING'
+  AND epoch IN (SELECT epoch FROM dispatcher_epochs WHERE instance = $1 AND epoch < $2)
+RETURNING trigger_key"#,
+    )
+    .bind(instance)
+    .bind(epoch)
+    .fetch_all(pool)
+    .await
+}
+
 /// Takes up to `limit` jobs in `status` that are due for a look (a RUNNING job
 /// being followed, an UNKNOWN job to reconcile) and not leased by a live peer:
 /// bumps their revision (fencing any previous holder) and leases them to `epoch`.

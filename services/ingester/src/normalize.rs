@@ -176,10 +176,32 @@ pub struct HudiCallback {
     pub base_path: Option<String>,
     #[serde(default)]
     pub hoodie_write_stat: Option<Vec<HudiWriteStat>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "jackson_option")]
     pub commit_action_type: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "jackson_option")]
     pub extra_metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Hudi 1.0.2 writes its `Option` fields through Jackson as the bean
+/// `{"empty": false, "present": true}`, which carries no value: read as absent
+/// (the timeline, polled, is the truth for the action). A plain value reads as
+/// itself.
+fn jackson_option<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m))
+            if !m.is_empty() && m.keys().all(|k| k == "empty" || k == "present") =>
+        {
+            Ok(None)
+        }
+        Some(v) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -350,6 +372,42 @@ pub fn hudi_from_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What Hudi 1.0.2's HTTP callback posted for an upsert on a MERGE_ON_READ
+    /// table written by Spark (captured; one write stat shortened).
+    const HUDI_1_0_2_CALLBACK: &[u8] = br#"{"commitTime":"20261207034351669","tableName":"orders","basePath":"/tmp/hcb",
+        "hoodieWriteStat":[{"numInserts":0,"numUpdates":0,"numDeletes":0,"fileId":"6efec48f-4e9a-455c-b107-a268daf9d448-0",
+        "path":"dt=2024-12-01/.6efec48f-4e9a-455c-b107-a268daf9d448-0_20261207034351669.log.1_0-14-10","cdcStats":null,
+        "prevCommit":"20261207034351669","numWrites":1,"numUpdateWrites":1,"totalWriteBytes":938,"totalWriteErrors":0,
+        "tempPath":null,"partitionPath":"dt=2024-12-01","fileSizeInBytes":938,"minEventTime":null,"maxEventTime":null,
+        "prevBaseFile":null,"runtimeStats":{"totalScanTime":0,"totalUpsertTime":155,"totalCreateTime":0},"logVersion":1,
+        "logOffset":0,"baseFile":"","logFiles":[".6efec48f-4e9a-455c-b107-a268daf9d448-0_20261207034351669.log.1_0-14-10"],
+        "columnStats":{"empty":false,"present":true}}],
+        "commitActionType":{"empty":false,"present":true},"extraMetadata":{"empty":false,"present":true}}"#;
+
+    #[test]
+    fn the_real_hudi_1_0_2_callback_is_read() {
+        let key = HudiKey::Asset(AssetKey::parse("lake.ods.orders").expect("key"));
+        let e = hudi_from_json(HUDI_1_0_2_CALLBACK, &key, EventSource::Push).expect("read");
+        assert_eq!(e.sequence, 20261207034351669);
+        assert_eq!(e.partitions, ["dt=2024-12-01"]);
+        assert_eq!(e.operation, Operation::Append);
+        // A plain action and metadata (later Hudi, or the Kafka callback) still read.
+        let plain = String::from_utf8_lossy(HUDI_1_0_2_CALLBACK)
+            .replace(
+                r#""commitActionType":{"empty":false,"present":true}"#,
+                r#""commitActionType":"deltacommit""#,
+            )
+            .replace(
+                r#""extraMetadata":{"empty":false,"present":true}"#,
+                r#""extraMetadata":{"schema":"{}"}"#,
+            );
+        let e = hudi_from_json(plain.as_bytes(), &key, EventSource::Push).expect("read");
+        assert_eq!(
+            e.attributes.get("hudi.action").map(String::as_str),
+            Some("deltacommit")
+        );
+    }
 
     #[test]
     fn one_notice_and_batches_name_the_bad_item() {

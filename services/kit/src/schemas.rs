@@ -77,6 +77,7 @@ impl SchemaName {
             SchemaName::DependencySpec => &[
                 include_str!("../../../schemas/history/dependency-spec.1.avsc"),
                 include_str!("../../../schemas/history/dependency-spec.2.avsc"),
+                include_str!("../../../schemas/history/dependency-spec.3.avsc"),
             ],
             SchemaName::TriggerRequest => &[
                 include_str!("../../../schemas/history/trigger-request.1.avsc"),

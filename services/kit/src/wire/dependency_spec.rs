@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_core::dependency::{Coalescing, Mode, SpecError, Target};
+use sluice_core::table_service::{Service, Strategy};
 use sluice_core::{AssetKey, Condition, DependencySpec, InputCondition, Predicate};
 
 use super::WireTargetKind;
@@ -68,6 +69,10 @@ pub struct WirePredicate {
     pub long_value: Option<i64>,
     pub string_value: Option<String>,
     pub include_compaction: bool,
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    pub delta_seconds: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,6 +86,7 @@ pub enum WirePredicateKind {
     PartitionCommitted,
     CommitsSinceTrigger,
     FreshWithin,
+    TableService,
 }
 
 impl From<&DependencySpec> for WireSpec {
@@ -159,12 +165,29 @@ fn predicate_to_wire(p: &Predicate) -> WirePredicate {
             *include_compaction,
         ),
         Predicate::FreshWithin { max_age_ms } => (K::FreshWithin, Some(*max_age_ms), None, false),
+        Predicate::TableService {
+            service,
+            strategy,
+            num_commits,
+            delta_seconds,
+        } => {
+            return WirePredicate {
+                kind: K::TableService,
+                long_value: Some(i64::try_from(*num_commits).unwrap_or(i64::MAX)),
+                string_value: Some(strategy.as_str().to_owned()),
+                include_compaction: false,
+                service: Some(service.as_str().to_owned()),
+                delta_seconds: Some(*delta_seconds),
+            };
+        }
     };
     WirePredicate {
         kind,
         long_value,
         string_value,
         include_compaction,
+        service: None,
+        delta_seconds: None,
     }
 }
 
@@ -304,6 +327,25 @@ fn predicate_from_wire(p: &WirePredicate) -> Result<Predicate, String> {
         K::FreshWithin => Predicate::FreshWithin {
             max_age_ms: long("FRESH_WITHIN")?,
         },
+        K::TableService => {
+            let service = p
+                .service
+                .as_deref()
+                .ok_or("predicate TABLE_SERVICE needs service")?;
+            let strategy = string("TABLE_SERVICE")?;
+            Predicate::TableService {
+                service: Service::parse(service)
+                    .ok_or_else(|| format!("TABLE_SERVICE service {service:?} is not known"))?,
+                strategy: Strategy::parse(&strategy).ok_or_else(|| {
+                    format!("TABLE_SERVICE strategy {strategy:?} is not one of Hudi's")
+                })?,
+                num_commits: u64::try_from(long("TABLE_SERVICE")?)
+                    .map_err(|_| "TABLE_SERVICE long_value must not be negative".to_owned())?,
+                delta_seconds: p
+                    .delta_seconds
+                    .ok_or("predicate TABLE_SERVICE needs delta_seconds")?,
+            }
+        }
     })
 }
 
@@ -334,6 +376,34 @@ mod tests {
             .decode(SchemaName::DependencySpec, &bytes)
             .expect("decodes");
         assert_eq!(wire.into_spec("dwd-trade").expect("valid"), spec);
+    }
+
+    #[test]
+    fn a_table_service_policy_round_trips_through_avro() {
+        let spec = DependencySpec::from_json(
+            r#"{"id": "orders-compaction", "version": 2, "owner_project": "gmv",
+                "target": {"kind": "command", "name": "hudi-spark"},
+                "condition": {"input": {"asset": "lake.ods.orders", "predicates": [
+                    {"kind": "table_service", "service": "compaction",
+                     "strategy": "NUM_OR_TIME", "num_commits": 4, "delta_seconds": 600}]}}}"#,
+        )
+        .expect("valid");
+        let codec = BlockingCodec::new(None).expect("codec");
+        let bytes = codec
+            .encode(SchemaName::DependencySpec, "t", &WireSpec::from(&spec))
+            .expect("encodes");
+        let wire: WireSpec = codec
+            .decode(SchemaName::DependencySpec, &bytes)
+            .expect("decodes");
+        assert_eq!(wire.into_spec("orders-compaction").expect("valid"), spec);
+        let mut w = WireSpec::from(&spec);
+        w.condition.predicates[0].string_value = Some("NUM_DELTAS".into());
+        assert!(
+            w.into_spec("orders-compaction")
+                .expect_err("strategy")
+                .to_string()
+                .contains("\"NUM_DELTAS\" is not one of Hudi's")
+        );
     }
 
     #[test]

@@ -1,0 +1,390 @@
+//! Table-service policies: when a table needs a compaction, in Hudi's own terms.
+//!
+//! Hudi schedules its table services by a trigger strategy
+//! (`hoodie.compact.inline.trigger.strategy`): `NUM_COMMITS` counts the delta
+//! commits since the last *completed* compaction, `NUM_COMMITS_AFTER_LAST_REQUEST`
+//! those since the last *requested* one, `TIME_ELAPSED` the time since the last
+//! completed one, and `NUM_AND_TIME` / `NUM_OR_TIME` combine the two. Sluice applies
+//! the same strategies outside the writer, from the table's folded state:
+//!
+//! * the last completed instance is the newest compaction commit the state
+//!   remembers (the timeline's completed `compaction` → `commit`, seen by poll);
+//! * the last request is this policy's last trigger (its baseline): at most one
+//!   instance is in flight, so a policy that fired waits until a compaction newer
+//!   than that trigger completes. A failed instance does not reset the count; the
+//!   engine target retries it (see the dispatcher's Spark target).
+//!
+//! Like Hudi's inline scheduling, a strategy is checked when the table changes,
+//! so `TIME_ELAPSED` fires with the first commit after the time has passed.
+
+use serde::{Deserialize, Serialize};
+
+use crate::condition::Baseline;
+use crate::event::Operation;
+use crate::state::{AssetState, RECENT_COMMITS};
+
+/// The largest `num_commits` a policy may ask: the count is read from the commits
+/// a state remembers, and a MERGE_ON_READ table can interleave a clean or a
+/// rollback with every delta commit, so half the remembered window is what is
+/// always counted exactly.
+pub const MAX_NUM_COMMITS: u64 = (RECENT_COMMITS / 2) as u64;
+
+/// Which service a policy schedules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Service {
+    /// Merge a MERGE_ON_READ table's log files into base files.
+    Compaction,
+}
+
+impl Service {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Service::Compaction => "compaction",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Service> {
+        match s {
+            "compaction" => Some(Service::Compaction),
+            _ => None,
+        }
+    }
+
+    /// Whether a commit is a completed instance of this service.
+    fn completes(self, op: Operation) -> bool {
+        match self {
+            Service::Compaction => op == Operation::Compact,
+        }
+    }
+}
+
+/// Hudi's trigger strategies, by Hudi's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Strategy {
+    NumCommits,
+    NumCommitsAfterLastRequest,
+    TimeElapsed,
+    NumAndTime,
+    NumOrTime,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 5] = [
+        Strategy::NumCommits,
+        Strategy::NumCommitsAfterLastRequest,
+        Strategy::TimeElapsed,
+        Strategy::NumAndTime,
+        Strategy::NumOrTime,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::NumCommits => "NUM_COMMITS",
+            Strategy::NumCommitsAfterLastRequest => "NUM_COMMITS_AFTER_LAST_REQUEST",
+            Strategy::TimeElapsed => "TIME_ELAPSED",
+            Strategy::NumAndTime => "NUM_AND_TIME",
+            Strategy::NumOrTime => "NUM_OR_TIME",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Strategy> {
+        Strategy::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    fn counts(self) -> bool {
+        !matches!(self, Strategy::TimeElapsed)
+    }
+
+    fn times(self) -> bool {
+        !matches!(
+            self,
+            Strategy::NumCommits | Strategy::NumCommitsAfterLastRequest
+        )
+    }
+}
+
+/// Hudi's defaults: `hoodie.compact.inline.max.delta.commits` and `…max.delta.seconds`.
+pub const DEFAULT_NUM_COMMITS: u64 = 5;
+pub const DEFAULT_DELTA_SECONDS: i64 = 3_600;
+
+/// What a policy saw on the table: the figures its verdict compared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reading {
+    /// Sequence of the newest completed instance remembered (none: not in the window).
+    pub last_completed: Option<i64>,
+    /// This policy's last request, while no instance newer than it has completed.
+    pub in_flight_since: Option<i64>,
+    /// Data commits counted as the strategy counts them (at least this many when
+    /// the last completed instance is older than the remembered commits).
+    pub commits: u64,
+    /// Time since the last completed instance (or the oldest remembered commit).
+    pub elapsed_ms: Option<i64>,
+}
+
+/// Whether `state` is due for `service` under `strategy`, and what was read.
+/// `base` is the state at the policy's last trigger (none: it never fired).
+pub fn due(
+    service: Service,
+    strategy: Strategy,
+    num_commits: u64,
+    delta_seconds: i64,
+    state: &AssetState,
+    base: Option<&Baseline>,
+    now_ms: i64,
+) -> (bool, Reading) {
+    let done = state
+        .recent
+        .iter()
+        .rev()
+        .find(|c| service.completes(c.operation));
+    let last_completed = done.map(|c| c.sequence);
+    let requested = base.and_then(|b| b.sequence);
+    let in_flight_since = requested.filter(|r| last_completed.is_none_or(|d| *r >= d));
+    let from = match strategy {
+        Strategy::NumCommitsAfterLastRequest => last_completed.max(requested),
+        _ => last_completed,
+    };
+    let commits = state
+        .recent
+        .iter()
+        .filter(|c| c.operation.changes_data() && from.is_none_or(|f| c.sequence > f))
+        .count() as u64;
+    let since_ms = done
+        .or_else(|| state.recent.first())
+        .map(|c| c.commit_time_ms);
+    let elapsed_ms = since_ms.map(|t| now_ms.saturating_sub(t));
+    let by_count = commits >= num_commits;
+    let by_time = elapsed_ms.is_some_and(|e| e >= delta_seconds.saturating_mul(1_000));
+    let holds = match strategy {
+        Strategy::NumCommits | Strategy::NumCommitsAfterLastRequest => by_count,
+        Strategy::TimeElapsed => by_time,
+        Strategy::NumAndTime => by_count && by_time,
+        Strategy::NumOrTime => by_count || by_time,
+    };
+    // Nothing to compact before the first data commit, whatever the clock says.
+    let anything = state.latest_data.is_some();
+    (
+        holds && anything && in_flight_since.is_none(),
+        Reading {
+            last_completed,
+            in_flight_since,
+            commits,
+            elapsed_ms,
+        },
+    )
+}
+
+/// The reading told to a user: what was counted against what was needed.
+pub fn describe(
+    service: Service,
+    strategy: Strategy,
+    num_commits: u64,
+    delta_seconds: i64,
+    r: &Reading,
+) -> String {
+    let mut parts = Vec::new();
+    if let Some(at) = r.in_flight_since {
+        parts.push(format!(
+            "a {} requested after sequence {at} has not completed yet",
+            service.as_str()
+        ));
+    }
+    let from = match (strategy, r.last_completed) {
+        (Strategy::NumCommitsAfterLastRequest, _) => "since the last request".to_owned(),
+        (_, Some(seq)) => format!("since the {} at sequence {seq}", service.as_str()),
+        (_, None) => format!("with no {} remembered", service.as_str()),
+    };
+    if strategy.counts() {
+        parts.push(format!(
+            "{} data commits {from}, {} needs {num_commits}",
+            r.commits,
+            strategy.as_str()
+        ));
+    }
+    if strategy.times() {
+        let elapsed = r.elapsed_ms.map_or_else(
+            || "no commit yet".to_owned(),
+            |e| format!("{} s", e / 1_000),
+        );
+        parts.push(format!(
+            "{elapsed} since the last {}, {} needs {delta_seconds} s",
+            service.as_str(),
+            strategy.as_str()
+        ));
+    }
+    parts.join("; ")
+}
+
+/// Why a policy's numbers are refused.
+pub fn validate(strategy: Strategy, num_commits: u64, delta_seconds: i64) -> Result<(), String> {
+    if strategy.counts() && !(1..=MAX_NUM_COMMITS).contains(&num_commits) {
+        return Err(format!(
+            "table_service.num_commits must be between 1 and {MAX_NUM_COMMITS} (the commits a state remembers exactly), got {num_commits}"
+        ));
+    }
+    if strategy.times() && delta_seconds <= 0 {
+        return Err(format!(
+            "table_service.delta_seconds must be positive, got {delta_seconds}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::asset::{AssetKey, TableFormat};
+    use crate::event::{AssetEvent, EventKind, EventSource};
+
+    /// A MERGE_ON_READ table: `ops` in sequence order, one second apart.
+    fn table(ops: &[Operation]) -> AssetState {
+        let key = AssetKey::parse("lake.ods.orders").expect("key");
+        let mut s = AssetState::new(key.clone(), TableFormat::Hudi);
+        for (i, op) in ops.iter().enumerate() {
+            let seq = i as i64 + 1;
+            let mut e = AssetEvent::new(
+                key.clone(),
+                TableFormat::Hudi,
+                EventKind::SnapshotCommitted,
+                seq,
+                seq,
+                seq * 1_000,
+                EventSource::Poll,
+            );
+            e.operation = *op;
+            s.apply(&e);
+        }
+        s
+    }
+
+    use Operation::{Append as D, Compact as C, Other as X};
+
+    fn num(ops: &[Operation], n: u64, base: Option<i64>) -> (bool, Reading) {
+        let s = table(ops);
+        let b = base.map(|sequence| Baseline {
+            sequence: Some(sequence),
+            ..Baseline::default()
+        });
+        due(
+            Service::Compaction,
+            Strategy::NumCommits,
+            n,
+            DEFAULT_DELTA_SECONDS,
+            &s,
+            b.as_ref(),
+            0,
+        )
+    }
+
+    #[test]
+    fn num_commits_counts_data_commits_since_the_last_completed_compaction() {
+        assert!(!num(&[D, D, D], 4, None).0);
+        assert!(num(&[D, D, D, D], 4, None).0);
+        // Cleans and rollbacks are not delta commits.
+        assert!(!num(&[D, X, D, X, D, X], 4, None).0);
+        // A completed compaction resets the count.
+        let (held, r) = num(&[D, D, D, D, C, D, D], 4, None);
+        assert!(!held);
+        assert_eq!((r.last_completed, r.commits), (Some(5), 2));
+        assert!(num(&[D, D, D, D, C, D, D, D, D], 4, None).0);
+    }
+
+    #[test]
+    fn one_instance_in_flight_until_a_newer_compaction_completes() {
+        // Fired at sequence 4: nothing more until a compaction after 4 completes,
+        // however many commits arrive meanwhile (a failed one resets nothing).
+        let (held, r) = num(&[D, D, D, D, D, D, D, D, D], 4, Some(4));
+        assert!(!held);
+        assert_eq!(r.in_flight_since, Some(4));
+        assert_eq!(
+            r.commits, 9,
+            "the count still runs from the last completed one"
+        );
+        // The compaction (sequence 6) completed: armed again, counting from it.
+        let (held, r) = num(&[D, D, D, D, D, C, D, D, D], 4, Some(4));
+        assert!(!held);
+        assert_eq!((r.in_flight_since, r.commits), (None, 3));
+        assert!(num(&[D, D, D, D, D, C, D, D, D, D], 4, Some(4)).0);
+    }
+
+    #[test]
+    fn after_last_request_counts_from_the_request() {
+        let s = table(&[D, D, D, D, D, C, D, D, D, D, D]);
+        let fired_at = |seq: i64| {
+            let b = Baseline {
+                sequence: Some(seq),
+                ..Baseline::default()
+            };
+            due(
+                Service::Compaction,
+                Strategy::NumCommitsAfterLastRequest,
+                2,
+                DEFAULT_DELTA_SECONDS,
+                &s,
+                Some(&b),
+                0,
+            )
+        };
+        // Requested at 3, completed at 6: counts from 6 (5 commits since).
+        let (held, r) = fired_at(3);
+        assert!(held);
+        assert_eq!(r.commits, 5);
+    }
+
+    #[test]
+    fn time_strategies_read_the_time_since_the_last_completed_compaction() {
+        let s = table(&[D, D, C, D]); // the compaction at t = 3 s
+        let at =
+            |strategy, n, now_ms| due(Service::Compaction, strategy, n, 10, &s, None, now_ms).0;
+        assert!(!at(Strategy::TimeElapsed, 1, 12_999));
+        assert!(at(Strategy::TimeElapsed, 1, 13_000));
+        assert!(!at(Strategy::NumAndTime, 2, 13_000), "1 commit since");
+        assert!(at(Strategy::NumAndTime, 1, 13_000));
+        assert!(at(Strategy::NumOrTime, 1, 0));
+        assert!(at(Strategy::NumOrTime, 2, 13_000));
+        assert!(!at(Strategy::NumOrTime, 2, 12_000));
+        // Nothing written yet: nothing to compact.
+        let empty = table(&[]);
+        assert!(
+            !due(
+                Service::Compaction,
+                Strategy::TimeElapsed,
+                1,
+                1,
+                &empty,
+                None,
+                i64::MAX
+            )
+            .0
+        );
+    }
+
+    #[test]
+    fn the_reading_is_told_in_hudi_terms() {
+        let (_, r) = num(&[D, D, C, D], 4, None);
+        assert_eq!(
+            describe(Service::Compaction, Strategy::NumCommits, 4, 0, &r),
+            "1 data commits since the compaction at sequence 3, NUM_COMMITS needs 4"
+        );
+        let (_, r) = num(&[D, D, D, D, D], 4, Some(4));
+        assert!(
+            describe(Service::Compaction, Strategy::NumCommits, 4, 0, &r)
+                .starts_with("a compaction requested after sequence 4 has not completed yet")
+        );
+    }
+
+    #[test]
+    fn policies_out_of_range_are_refused() {
+        assert!(validate(Strategy::NumCommits, 0, 0).is_err());
+        assert!(validate(Strategy::NumCommits, MAX_NUM_COMMITS + 1, 0).is_err());
+        assert!(validate(Strategy::NumCommits, 4, 0).is_ok());
+        assert!(validate(Strategy::TimeElapsed, 0, 0).is_err());
+        assert!(validate(Strategy::TimeElapsed, 0, 60).is_ok());
+        assert!(validate(Strategy::NumOrTime, 5, 0).is_err());
+        for s in Strategy::ALL {
+            assert_eq!(Strategy::parse(s.as_str()), Some(s));
+        }
+    }
+}
