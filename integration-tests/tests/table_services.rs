@@ -186,20 +186,37 @@ async fn a_num_commits_policy_compacts_a_spark_written_table_once_through_a_disp
         let table = table.clone();
         tokio::spawn(async move { write(&table, &["2024-12-01"; 5], Some(callback)).await })
     };
-    // The policy fires at the fourth; kill the dispatcher while Spark compacts.
-    wait_for("the compaction job running", &p, 300, || async {
-        jobs(&pool, POLICY)
-            .await
-            .first()
-            .is_some_and(|(s, _, _)| s == "RUNNING")
+    // The policy fires at the fourth. Once Spark has planned the compaction (the
+    // driver names the instant in its run directory), kill the dispatcher.
+    let planned = {
+        let runs = runs.clone();
+        let pool = pool.clone();
+        move || {
+            let (runs, pool) = (runs.clone(), pool.clone());
+            async move {
+                let key: Option<String> = sqlx::query_scalar(
+                    "SELECT trigger_key FROM trigger_history WHERE dependency_id = $1",
+                )
+                .bind(POLICY)
+                .fetch_optional(&pool)
+                .await
+                .expect("trigger");
+                let key = key?;
+                let dir = runs.join("0").join(&key);
+                let inv = std::fs::read_dir(&dir).ok()?.next()?.ok()?.path();
+                inv.join("hudi-instant.json").exists().then_some(key)
+            }
+        }
+    };
+    wait_for("the compaction planned by Spark", &p, 300, || {
+        let planned = planned.clone();
+        async move { planned().await.is_some() }
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let key = planned().await.expect("planned");
     p.kill("dispatcher");
-    println!("[hudi] dispatcher killed (SIGKILL) during the compaction");
-    let first = writer.await.expect("writer");
-    assert_eq!(first.len(), 5);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!("[hudi] dispatcher killed (SIGKILL) while Spark runs the compaction");
+    tokio::time::sleep(Duration::from_secs(1)).await;
     p.start("dispatcher").await;
     wait_for("the compaction job SUCCEEDED", &p, 400, || async {
         jobs(&pool, POLICY)
@@ -208,17 +225,34 @@ async fn a_num_commits_policy_compacts_a_spark_written_table_once_through_a_disp
             .is_some_and(|(s, _, _)| s == "SUCCEEDED")
     })
     .await;
+    let path: Vec<String> =
+        sqlx::query_scalar("SELECT status FROM run_transitions WHERE trigger_key = $1 ORDER BY id")
+            .bind(&key)
+            .fetch_all(&pool)
+            .await
+            .expect("transitions");
+    println!("[hudi] the compaction job went {}", path.join(" → "));
+    assert!(
+        path.iter().any(|s| s == "UNKNOWN") && path.last().map(String::as_str) == Some("SUCCEEDED"),
+        "released by the restart, reconciled from the run, SUCCEEDED: {path:?}"
+    );
+    let first = writer.await.expect("writer");
+    assert_eq!(first.len(), 5);
     let done = compactions(&table);
     assert_eq!(done.len(), 1, "one compaction on the timeline: {done:?}");
-    let fourth = first[3]["completed"]
-        .as_i64()
-        .expect("completed")
-        .to_string();
-    let started = jobs(&pool, POLICY).await[0].2.expect("recorded");
+    let fourth = instant_ms(
+        &first[3]["completed"]
+            .as_i64()
+            .expect("completed")
+            .to_string(),
+    );
+    let decided = jobs(&pool, POLICY).await[0].2.expect("recorded");
     println!(
-        "[hudi] compaction {} completed; requested {} ms after the 4th deltacommit completed",
+        "[hudi] from the 4th deltacommit's completion: trigger recorded after {} ms, compaction {} planned by Spark after {} ms, completed after {} ms",
+        decided - fourth,
         done[0].0,
-        started - instant_ms(&fourth)
+        instant_ms(&done[0].0) - fourth,
+        instant_ms(&done[0].1) - fourth,
     );
 
     // The compaction's commit reached the state (by poll: Hudi sends no callback
