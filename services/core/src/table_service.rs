@@ -12,7 +12,10 @@
 //! * the last request is this policy's last trigger (its baseline): at most one
 //!   instance is in flight, so a policy that fired waits until a compaction newer
 //!   than that trigger completes. A failed instance does not reset the count; the
-//!   engine target retries it (see the dispatcher's Spark target).
+//!   engine target retries it. A request that never completes (failed for good,
+//!   or nothing to plan) is not waited on for ever: once the strategy holds again
+//!   counting from the request alone (`num_commits` more delta commits, or
+//!   `delta_seconds` more), the policy asks again.
 //!
 //! Like Hudi's inline scheduling, a strategy is checked when the table changes,
 //! so `TIME_ELAPSED` fires with the first commit after the time has passed.
@@ -141,22 +144,40 @@ pub fn due(
         .find(|c| service.completes(c.operation));
     let last_completed = done.map(|c| c.sequence);
     let requested = base.and_then(|b| b.sequence);
-    let in_flight_since = requested.filter(|r| last_completed.is_none_or(|d| *r >= d));
+    let data_after = |from: Option<i64>| {
+        state
+            .recent
+            .iter()
+            .filter(|c| c.operation.changes_data() && from.is_none_or(|f| c.sequence > f))
+            .count() as u64
+    };
+    let time_since = |seq: i64| {
+        state
+            .recent
+            .iter()
+            .find(|c| c.sequence >= seq)
+            .map(|c| now_ms.saturating_sub(c.commit_time_ms))
+    };
+    let delta_ms = delta_seconds.saturating_mul(1_000);
+    let in_flight_since = requested
+        .filter(|r| last_completed.is_none_or(|d| *r >= d))
+        .filter(|r| {
+            // A request given up on: the strategy holds again from it alone.
+            let lost = (strategy.counts() && data_after(Some(*r)) >= num_commits)
+                || (strategy.times() && time_since(*r).is_some_and(|e| e >= delta_ms));
+            !lost
+        });
     let from = match strategy {
         Strategy::NumCommitsAfterLastRequest => last_completed.max(requested),
         _ => last_completed,
     };
-    let commits = state
-        .recent
-        .iter()
-        .filter(|c| c.operation.changes_data() && from.is_none_or(|f| c.sequence > f))
-        .count() as u64;
+    let commits = data_after(from);
     let since_ms = done
         .or_else(|| state.recent.first())
         .map(|c| c.commit_time_ms);
     let elapsed_ms = since_ms.map(|t| now_ms.saturating_sub(t));
     let by_count = commits >= num_commits;
-    let by_time = elapsed_ms.is_some_and(|e| e >= delta_seconds.saturating_mul(1_000));
+    let by_time = elapsed_ms.is_some_and(|e| e >= delta_ms);
     let holds = match strategy {
         Strategy::NumCommits | Strategy::NumCommitsAfterLastRequest => by_count,
         Strategy::TimeElapsed => by_time,
@@ -293,20 +314,47 @@ mod tests {
 
     #[test]
     fn one_instance_in_flight_until_a_newer_compaction_completes() {
-        // Fired at sequence 4: nothing more until a compaction after 4 completes,
-        // however many commits arrive meanwhile (a failed one resets nothing).
-        let (held, r) = num(&[D, D, D, D, D, D, D, D, D], 4, Some(4));
+        // Fired at sequence 4: nothing more until a compaction after 4 completes
+        // (a failed one resets nothing)...
+        let (held, r) = num(&[D, D, D, D, D, D, D], 4, Some(4));
         assert!(!held);
         assert_eq!(r.in_flight_since, Some(4));
         assert_eq!(
-            r.commits, 9,
+            r.commits, 7,
             "the count still runs from the last completed one"
         );
+        // ... or until the request is given up on: four more delta commits after it.
+        let (held, r) = num(&[D, D, D, D, D, D, D, D], 4, Some(4));
+        assert!(held, "asked again");
+        assert_eq!(r.in_flight_since, None);
         // The compaction (sequence 6) completed: armed again, counting from it.
         let (held, r) = num(&[D, D, D, D, D, C, D, D, D], 4, Some(4));
         assert!(!held);
         assert_eq!((r.in_flight_since, r.commits), (None, 3));
         assert!(num(&[D, D, D, D, D, C, D, D, D, D], 4, Some(4)).0);
+    }
+
+    #[test]
+    fn a_time_policy_gives_a_lost_request_up_after_its_time() {
+        let s = table(&[D, D, D]); // commits at 1, 2 and 3 s; requested at 2
+        let b = Baseline {
+            sequence: Some(2),
+            ..Baseline::default()
+        };
+        let at = |now_ms| {
+            due(
+                Service::Compaction,
+                Strategy::TimeElapsed,
+                1,
+                10,
+                &s,
+                Some(&b),
+                now_ms,
+            )
+        };
+        assert_eq!(at(11_999).1.in_flight_since, Some(2));
+        assert!(!at(11_999).0);
+        assert!(at(12_000).0, "10 s after the request's commit");
     }
 
     #[test]
