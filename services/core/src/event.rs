@@ -31,27 +31,36 @@ impl EventKind {
     }
 }
 
-/// What kind of write a commit was. Compactions rewrite files without changing
-/// data: dependencies ignore them unless they ask for them.
+/// What kind of write a commit was. Table services (compaction, clustering,
+/// clean) rewrite or remove files without changing data: dependencies ignore
+/// them unless they ask for them, and table-service policies count from them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Operation {
     Append,
     Overwrite,
+    /// Compaction: Hudi compaction and log compaction, Paimon COMPACT, Delta OPTIMIZE.
     Compact,
     Delete,
-    /// Hudi clean, Paimon ANALYZE, Iceberg replace without data change, ...
+    /// Paimon ANALYZE, Iceberg replace without data change, Hudi rollback, ...
     Other,
+    /// Hudi clustering (a replacecommit of operation CLUSTER).
+    Cluster,
+    /// Hudi clean: old file versions removed.
+    Clean,
 }
 
 impl Operation {
-    /// Every operation in declaration order: the Avro enum's symbol order.
-    pub const ALL: [Operation; 5] = [
+    /// Every operation in declaration order: the Avro enum's symbol order (symbols
+    /// are only ever appended).
+    pub const ALL: [Operation; 7] = [
         Operation::Append,
         Operation::Overwrite,
         Operation::Compact,
         Operation::Delete,
         Operation::Other,
+        Operation::Cluster,
+        Operation::Clean,
     ];
 
     /// True for commits that change the table's data (what business triggers wait for).

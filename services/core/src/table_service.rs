@@ -1,4 +1,5 @@
-//! Table-service policies: when a table needs a compaction, in Hudi's own terms.
+//! Table-service policies: when a table needs a compaction, a clustering or a
+//! clean, in Hudi's own terms.
 //!
 //! Hudi schedules its table services by a trigger strategy
 //! (`hoodie.compact.inline.trigger.strategy`): `NUM_COMMITS` counts the delta
@@ -32,32 +33,40 @@ use crate::state::{AssetState, RECENT_COMMITS};
 /// always counted exactly.
 pub const MAX_NUM_COMMITS: u64 = (RECENT_COMMITS / 2) as u64;
 
-/// Which service a policy schedules.
+/// Which service a policy schedules; each counts from its own completed instances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Service {
-    /// Merge a MERGE_ON_READ table's log files into base files.
+    /// Merge a MERGE_ON_READ table's log files into base files
+    /// (`hoodie.compact.inline.max.delta.commits`).
     Compaction,
+    /// Rewrite file groups for layout (`hoodie.clustering.inline.max.commits`).
+    Clustering,
+    /// Remove old file versions (`hoodie.clean.max.commits`).
+    Clean,
 }
 
 impl Service {
+    pub const ALL: [Service; 3] = [Service::Compaction, Service::Clustering, Service::Clean];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Service::Compaction => "compaction",
+            Service::Clustering => "clustering",
+            Service::Clean => "clean",
         }
     }
 
     pub fn parse(s: &str) -> Option<Service> {
-        match s {
-            "compaction" => Some(Service::Compaction),
-            _ => None,
-        }
+        Service::ALL.into_iter().find(|x| x.as_str() == s)
     }
 
-    /// Whether a commit is a completed instance of this service.
+    /// The operation of this service's completed commits.
     fn completes(self, op: Operation) -> bool {
-        match self {
-            Service::Compaction => op == Operation::Compact,
+        op == match self {
+            Service::Compaction => Operation::Compact,
+            Service::Clustering => Operation::Cluster,
+            Service::Clean => Operation::Clean,
         }
     }
 }
@@ -421,6 +430,33 @@ mod tests {
             describe(Service::Compaction, Strategy::NumCommits, 4, 0, &r)
                 .starts_with("a compaction requested after sequence 4 has not completed yet")
         );
+    }
+
+    #[test]
+    fn each_service_counts_from_its_own_instances() {
+        use Operation::{Clean as K, Cluster as L};
+        let s = table(&[D, D, C, D, L, D, K, D]);
+        let count = |service| {
+            due(
+                service,
+                Strategy::NumCommits,
+                1,
+                DEFAULT_DELTA_SECONDS,
+                &s,
+                None,
+                0,
+            )
+            .1
+        };
+        let c = count(Service::Compaction);
+        assert_eq!((c.last_completed, c.commits), (Some(3), 3));
+        let l = count(Service::Clustering);
+        assert_eq!((l.last_completed, l.commits), (Some(5), 2));
+        let k = count(Service::Clean);
+        assert_eq!((k.last_completed, k.commits), (Some(7), 1));
+        for x in Service::ALL {
+            assert_eq!(Service::parse(x.as_str()), Some(x));
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-"""Runs one Hudi table service for a Sluice table-service policy, on Spark.
+"""Runs one Hudi table service (compaction, clustering, clean) for a Sluice
+table-service policy, on Spark.
 
     python hudi_table_service.py --jar HUDI_BUNDLE.jar --path TABLE_PATH [--service compaction]
         [--option hoodie.key=value]... [--spark-conf spark.key=value]...
@@ -6,20 +7,23 @@
 A `command` target runs it (see docs/table-services.md): Sluice's policy already
 decided that the table is due, so this program plans the instance and runs it.
 
-1. A compaction left pending on the timeline (planned by an earlier attempt that
-   failed or was killed) is run again first: Hudi rolls its inflight state back
-   and re-executes the same plan, so a retry never leaves a second plan behind.
-2. Otherwise it plans one (`CALL run_compaction(op => 'schedule', ...)`) with
-   Hudi's own trigger told to plan now (`max.delta.commits=1`: the policy was
-   Sluice's to apply).
+Compaction and clustering:
+1. A plan left pending on the timeline (by an earlier attempt that failed or was
+   killed) is run again first: Hudi rolls its inflight state back and re-executes
+   the same plan, so a retry never leaves a second plan behind.
+2. Otherwise it plans one (`CALL run_compaction(op => 'schedule', ...)`,
+   `run_clustering`) with Hudi's own trigger told to plan now
+   (`max.delta.commits=1`, `max.commits=1`: the policy was Sluice's to apply).
    Either way it writes the instant to `./hudi-instant.json` before running it:
    the dispatcher reads the table's timeline for it if this run ends without an
    exit code.
-3. It runs the plan (`op => 'run'` with that instant) and exits 0 only when the
-   timeline shows the instant completed: the timeline is the outcome.
+3. It runs the plan with that instant and exits 0 only when the timeline shows
+   the instant completed: the timeline is the outcome.
+Clean plans and runs in one call (`run_clean`); its new completed instant is the
+outcome.
 
 Exit codes: 0 completed; 1 failed (the reason on stderr); 3 Hudi planned nothing
-(no log file to compact: the policy's request is void).
+(nothing to rewrite or remove: the policy's request is void).
 """
 import argparse
 import json
@@ -58,14 +62,37 @@ def completed(path, instant):
     return any(r == instant and s == "completed" for r, s, _, _ in instants(path))
 
 
-def pending_compactions(path):
+# Per service: the action its plans carry on the timeline while pending, and how
+# Hudi's procedures plan and run one (`{path}`, `{opts}`, `{instant}` filled in).
+SERVICES = {
+    "compaction": {
+        "pending": ("compaction",),
+        "plan": "CALL run_compaction(op => 'schedule', path => {path}, options => {opts})",
+        "run": "CALL run_compaction(op => 'run', path => {path}, timestamp => {instant}, options => {opts})",
+        "now": "hoodie.compact.inline.max.delta.commits=1",
+    },
+    "clustering": {
+        # 1.x plans as `clustering`, 0.x as a requested `replacecommit`.
+        "pending": ("clustering", "replacecommit"),
+        "plan": "CALL run_clustering(op => 'schedule', path => {path}, options => {opts})",
+        "run": "CALL run_clustering(op => 'execute', path => {path}, instants => '{instant}', options => {opts})",
+        "now": "hoodie.clustering.inline.max.commits=1",
+    },
+}
+
+
+def pending(path, actions):
     done = {r for r, s, _, _ in instants(path) if s == "completed"}
-    return sorted({r for r, s, _, a in instants(path) if a == "compaction" and r not in done})
+    return sorted({r for r, s, _, a in instants(path) if a in actions and r not in done})
 
 
 def session(jar, confs):
     b = (SparkSession.builder.master("local[1]").appName("sluice-hudi-table-service")
          .config("spark.jars", jar)
+         # On the driver's own class path too: Hudi's Avro models and Spark's Avro
+         # must share a class loader, or reading a log file's delete block fails
+         # with a ClassCastException (clustering a MERGE_ON_READ table does).
+         .config("spark.driver.extraClassPath", jar)
          .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
          .config("spark.sql.extensions", "org.apache.spark.sql.hudi.HoodieSparkSessionExtension")
          .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.hudi.catalog.HoodieCatalog")
@@ -89,7 +116,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jar", required=True)
     ap.add_argument("--path", required=True)
-    ap.add_argument("--service", default="compaction", choices=["compaction"])
+    ap.add_argument("--service", default="compaction", choices=["compaction", "clustering", "clean"])
     ap.add_argument("--option", action="append", default=[])
     ap.add_argument("--spark-conf", action="append", default=[])
     a = ap.parse_args()
@@ -97,31 +124,52 @@ def main():
         print(f"{a.path} is not a Hudi table (no .hoodie)", file=sys.stderr)
         return 1
     spark = session(a.jar, a.spark_conf)
-    opts = ",".join(["hoodie.compact.inline.max.delta.commits=1", *a.option])
-    path = sql_str(a.path)
-    pending = pending_compactions(a.path)
-    if pending:
-        instant, how = pending[0], "resumed"
+    if a.service == "clean":
+        return clean(spark, a)
+    svc = SERVICES[a.service]
+    fill = {"path": sql_str(a.path), "opts": sql_str(",".join([svc["now"], *a.option]))}
+    left = pending(a.path, svc["pending"])
+    if left:
+        instant, how = left[0], "resumed"
     else:
-        before = set(pending_compactions(a.path))
-        spark.sql(f"CALL run_compaction(op => 'schedule', path => {path}, options => {sql_str(opts)})").collect()
-        planned = [i for i in pending_compactions(a.path) if i not in before]
+        spark.sql(svc["plan"].format(**fill)).collect()
+        planned = [i for i in pending(a.path, svc["pending"]) if i not in left]
         if not planned:
             print(json.dumps({"service": a.service, "planned": None}), flush=True)
-            print("Hudi planned no compaction: no log file to merge", file=sys.stderr)
+            print(f"Hudi planned no {a.service}: nothing to rewrite", file=sys.stderr)
             return NOTHING_PLANNED
         instant, how = planned[0], "planned"
+    claim(a, instant)
+    spark.sql(svc["run"].format(instant=instant, **fill)).collect()
+    spark.stop()
+    if not completed(a.path, instant):
+        print(f"{a.service} {instant} ran but is not completed on the timeline", file=sys.stderr)
+        return 1
+    print(json.dumps({"service": a.service, "instant": instant, "how": how}), flush=True)
+    return 0
+
+
+def claim(a, instant):
+    """Names the instant in the run directory before running it (see the docstring)."""
     with open("hudi-instant.json.tmp", "w") as f:
         json.dump({"path": os.path.abspath(a.path), "instant": instant, "service": a.service}, f)
     os.replace("hudi-instant.json.tmp", "hudi-instant.json")
-    spark.sql(
-        f"CALL run_compaction(op => 'run', path => {path}, timestamp => {instant}, options => {sql_str(opts)})"
-    ).collect()
+
+
+def clean(spark, a):
+    """A clean plans and runs in one procedure call: the new completed `clean`
+    instant is the outcome (none: nothing old enough to remove)."""
+    before = {r for r, s, _, act in instants(a.path) if act == "clean" and s == "completed"}
+    spark.sql(f"CREATE TABLE IF NOT EXISTS sluice_clean_target USING hudi LOCATION {sql_str(a.path)}")
+    opts = ",".join(a.option)
+    spark.sql(f"CALL run_clean(table => 'sluice_clean_target', trigger_max_commits => 1, options => {sql_str(opts)})").collect()
     spark.stop()
-    if not completed(a.path, instant):
-        print(f"compaction {instant} ran but is not completed on the timeline", file=sys.stderr)
-        return 1
-    print(json.dumps({"service": a.service, "instant": instant, "how": how}), flush=True)
+    after = sorted(r for r, s, _, act in instants(a.path) if act == "clean" and s == "completed" and r not in before)
+    if not after:
+        print(json.dumps({"service": "clean", "planned": None}), flush=True)
+        print("Hudi planned no clean: no file version old enough to remove", file=sys.stderr)
+        return NOTHING_PLANNED
+    print(json.dumps({"service": "clean", "instant": after[-1], "how": "planned"}), flush=True)
     return 0
 
 

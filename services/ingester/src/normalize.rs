@@ -281,13 +281,12 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 /// operation in extraMetadata / the commit metadata tells which).
 pub fn hudi_operation(action: Option<&str>, operation_type: Option<&str>) -> Operation {
     match (action.unwrap_or("commit"), operation_type) {
-        (
-            _,
-            Some("cluster" | "CLUSTER" | "compact" | "COMPACT" | "log_compact" | "LOG_COMPACT"),
-        ) => Operation::Compact,
-        ("compaction" | "logcompaction" | "clustering", _) => Operation::Compact,
+        (_, Some("cluster" | "CLUSTER")) | ("clustering", _) => Operation::Cluster,
+        (_, Some("compact" | "COMPACT" | "log_compact" | "LOG_COMPACT")) => Operation::Compact,
+        ("compaction" | "logcompaction", _) => Operation::Compact,
         ("replacecommit", _) => Operation::Overwrite,
-        ("clean" | "rollback" | "restore" | "savepoint" | "indexing", _) => Operation::Other,
+        ("clean", _) => Operation::Clean,
+        ("rollback" | "restore" | "savepoint" | "indexing", _) => Operation::Other,
         (_, Some("delete" | "DELETE" | "delete_partition" | "DELETE_PARTITION")) => {
             Operation::Delete
         }
@@ -453,15 +452,25 @@ mod tests {
         assert!(hudi_instant("2024120112").is_err());
         assert!(hudi_instant("20241301123045123").is_err());
         assert_eq!(hudi_operation(Some("deltacommit"), None), Operation::Append);
+        // Each table service as itself: a policy counts from its own service.
         assert_eq!(
             hudi_operation(Some("replacecommit"), Some("CLUSTER")),
+            Operation::Cluster
+        );
+        assert_eq!(
+            hudi_operation(Some("commit"), Some("COMPACT")),
+            Operation::Compact
+        );
+        assert_eq!(
+            hudi_operation(Some("deltacommit"), Some("LOG_COMPACT")),
             Operation::Compact
         );
         assert_eq!(
             hudi_operation(Some("replacecommit"), Some("INSERT_OVERWRITE")),
             Operation::Overwrite
         );
-        assert_eq!(hudi_operation(Some("clean"), None), Operation::Other);
+        assert_eq!(hudi_operation(Some("clean"), None), Operation::Clean);
+        assert_eq!(hudi_operation(Some("rollback"), None), Operation::Other);
     }
 
     #[test]

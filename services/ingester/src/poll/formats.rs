@@ -524,7 +524,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [
                 (20241201120000000, Operation::Append),
-                (20241201140000000, Operation::Compact)
+                (20241201140000000, Operation::Cluster)
             ]
         );
         // A completed file still being written is not turned into an event.
