@@ -171,6 +171,10 @@ pub struct Verdict {
     /// `asset: why not` for every check that failed, in tree order: why it did not
     /// run. (An ANY group that holds may still list failed siblings.)
     pub unmet: Vec<String>,
+    /// The soonest a failed check that only waits for time would hold if nothing
+    /// else changed, in ms from now: when to look again (a `TIME_ELAPSED`
+    /// table-service policy on a table that stopped committing).
+    pub recheck_in_ms: Option<i64>,
 }
 
 /// The evaluation of a tree, node by node: the evaluator's own account, which the
@@ -294,6 +298,24 @@ pub enum Detail {
         watermark_ms: Option<i64>,
         end_ms: i64,
     },
+}
+
+impl Detail {
+    /// For a check that waits only for time to pass: how long until it holds.
+    fn due_in_ms(&self) -> Option<i64> {
+        match self {
+            Detail::TableService {
+                strategy,
+                delta_seconds,
+                reading,
+                ..
+            } if strategy.times() && reading.in_flight_since.is_none() => {
+                let left = delta_seconds.saturating_mul(1_000) - reading.elapsed_ms?;
+                (left > 0).then_some(left)
+            }
+            _ => None,
+        }
+    }
 }
 
 fn opt(v: Option<i64>) -> String {
@@ -441,6 +463,9 @@ impl Explained {
                     for c in checks.iter().filter(|c| !c.satisfied) {
                         v.unmet
                             .push(format!("{asset}: {} — {}", c.predicate, c.detail));
+                        if let Some(due) = c.detail.due_in_ms() {
+                            v.recheck_in_ms = Some(v.recheck_in_ms.map_or(due, |d| d.min(due)));
+                        }
                     }
                 }
             }

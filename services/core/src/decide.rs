@@ -132,7 +132,10 @@ fn snapshots<'s>(
             .evaluate_in(states, &|a| baselines.get(a), &Scope::snapshots(now_ms))
     };
     if !verdict.satisfied {
-        if p.fire_at_ms.take().is_some() | p.pending_since_ms.take().is_some() {
+        // A check waiting only for time is looked at again when it comes due.
+        let recheck = verdict.recheck_in_ms.map(|d| now_ms.saturating_add(d));
+        if p.pending_since_ms.take().is_some() | (p.fire_at_ms != recheck) {
+            p.fire_at_ms = recheck;
             out.progress_changed = true;
         }
         return;
@@ -580,6 +583,31 @@ mod tests {
             fired.push(run(&w).0);
         }
         assert_eq!(fired, [0, 0, 0, 1], "four delta commits after it");
+    }
+
+    #[test]
+    fn a_time_policy_fires_on_time_on_a_table_that_stopped_committing() {
+        use crate::table_service::{Service, Strategy};
+        let policy = spec(leaf(
+            "l.o.t",
+            vec![Predicate::TableService {
+                service: Service::Compaction,
+                strategy: Strategy::TimeElapsed,
+                num_commits: 5,
+                delta_seconds: 10,
+            }],
+        ));
+        let mut w = World::default();
+        let mut p = Progress::default();
+        w.data("l.o.t", 1); // committed at t = 1 s, then nothing more
+        let o = w.step(&policy, &mut p, 3_000, Cause::Change);
+        assert!(o.fires.is_empty());
+        assert_eq!(p.fire_at_ms, Some(11_000), "looked at again 10 s after it");
+        assert!(w.step(&policy, &mut p, 11_000, Cause::Recheck).fires.len() == 1);
+        // Fired: the next request waits for a compaction (no timer meanwhile).
+        let o = w.step(&policy, &mut p, 12_000, Cause::Recheck);
+        assert!(o.fires.is_empty());
+        assert_eq!(p.fire_at_ms, None);
     }
 
     #[test]

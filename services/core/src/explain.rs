@@ -149,6 +149,12 @@ fn snapshots<'s>(
     let verdict = out.condition.verdict();
     if !verdict.satisfied {
         out.summary = format!("waiting: {}", verdict.unmet.join("; "));
+        if let Some(due) = verdict.recheck_in_ms {
+            out.summary += &format!(
+                "; looked at again at {} ({due} ms from now), when its time comes due",
+                now_ms.saturating_add(due)
+            );
+        }
         out.unmet = verdict.unmet;
         return;
     }

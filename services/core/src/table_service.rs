@@ -16,7 +16,7 @@
 //!   engine target retries it. A request that never completes (failed for good,
 //!   or nothing to plan) is not waited on for ever: once the strategy holds again
 //!   counting from the request alone (`num_commits` more delta commits, or
-//!   `delta_seconds` more), the policy asks again.
+//!   `delta_seconds` since the first commit after it), the policy asks again.
 //!
 //! Like Hudi's inline scheduling, a strategy is checked when the table changes,
 //! so `TIME_ELAPSED` fires with the first commit after the time has passed.
@@ -105,11 +105,13 @@ impl Strategy {
         Strategy::ALL.into_iter().find(|x| x.as_str() == s)
     }
 
-    fn counts(self) -> bool {
+    /// Whether the strategy counts commits.
+    pub fn counts(self) -> bool {
         !matches!(self, Strategy::TimeElapsed)
     }
 
-    fn times(self) -> bool {
+    /// Whether the strategy waits for time.
+    pub fn times(self) -> bool {
         !matches!(
             self,
             Strategy::NumCommits | Strategy::NumCommitsAfterLastRequest
@@ -160,11 +162,13 @@ pub fn due(
             .filter(|c| c.operation.changes_data() && from.is_none_or(|f| c.sequence > f))
             .count() as u64
     };
-    let time_since = |seq: i64| {
+    // Time since the first commit after `seq`: a request is only worth making
+    // again for commits it did not cover (an unchanged table fires nothing new).
+    let time_since_next = |seq: i64| {
         state
             .recent
             .iter()
-            .find(|c| c.sequence >= seq)
+            .find(|c| c.sequence > seq)
             .map(|c| now_ms.saturating_sub(c.commit_time_ms))
     };
     let delta_ms = delta_seconds.saturating_mul(1_000);
@@ -173,7 +177,7 @@ pub fn due(
         .filter(|r| {
             // A request given up on: the strategy holds again from it alone.
             let lost = (strategy.counts() && data_after(Some(*r)) >= num_commits)
-                || (strategy.times() && time_since(*r).is_some_and(|e| e >= delta_ms));
+                || (strategy.times() && time_since_next(*r).is_some_and(|e| e >= delta_ms));
             !lost
         });
     let from = match strategy {
@@ -345,7 +349,9 @@ mod tests {
 
     #[test]
     fn a_time_policy_gives_a_lost_request_up_after_its_time() {
-        let s = table(&[D, D, D]); // commits at 1, 2 and 3 s; requested at 2
+        // Commits at 1, 2 and 3 s; requested at sequence 2: the commit after the
+        // request (3 s) has waited `delta_seconds` without a compaction by 13 s.
+        let s = table(&[D, D, D]);
         let b = Baseline {
             sequence: Some(2),
             ..Baseline::default()
@@ -361,9 +367,9 @@ mod tests {
                 now_ms,
             )
         };
-        assert_eq!(at(11_999).1.in_flight_since, Some(2));
-        assert!(!at(11_999).0);
-        assert!(at(12_000).0, "10 s after the request's commit");
+        assert_eq!(at(12_999).1.in_flight_since, Some(2));
+        assert!(!at(12_999).0);
+        assert!(at(13_000).0);
     }
 
     #[test]
