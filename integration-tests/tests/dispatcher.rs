@@ -1522,6 +1522,76 @@ async fn a_command_survives_a_dispatcher_killed_mid_run_and_ends_succeeded() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A target is an engine's queue: within it, a higher `priority` (the
+/// dependency's target parameter) starts first, then the oldest; a priority
+/// written to the topic by hand that is not an integer is 0, never a lost trigger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_starts_its_jobs_by_priority_then_age() {
+    use sluice_dispatcher::store::{self, ClaimLimits};
+    let run = Run::new().await;
+    let epoch = sluice_dispatcher::take_epoch(&run.pool, "prio")
+        .await
+        .expect("epoch");
+    let with = |n: usize, priority: &str| {
+        let mut t = new_trigger(n, "spark", None);
+        t.target_parameters = serde_json::json!({"priority": priority}).to_string();
+        t
+    };
+    let batch = [
+        with(1, "0"),
+        with(2, "5"),
+        with(3, "not a number"),
+        with(4, "-2"),
+        with(5, "5"),
+    ];
+    assert_eq!(
+        store::record_triggers(&run.pool, &batch)
+            .await
+            .expect("recorded")
+            .len(),
+        5
+    );
+    let limits = ClaimLimits {
+        max_in_flight: 1,
+        max_per_round: 1,
+        deadline: Duration::from_secs(30),
+    };
+    let mut order = Vec::new();
+    for _ in 0..batch.len() {
+        let claimed = store::claim(&run.pool, "WEBHOOK", "spark", &limits, epoch, "prio")
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1, "one slot");
+        let job = &claimed[0];
+        order.push(
+            batch
+                .iter()
+                .position(|t| t.trigger_key == job.trigger_key)
+                .expect("ours")
+                + 1,
+        );
+        // Done: the slot is free for the next.
+        sqlx::query(
+            "UPDATE jobs SET status = 'SUCCEEDED', revision = revision + 1 WHERE trigger_key = $1",
+        )
+        .bind(&job.trigger_key)
+        .execute(&run.pool)
+        .await
+        .expect("done");
+    }
+    // Both 5s first (due together: either order), then the 0 and the unreadable
+    // one (0), then the -2.
+    let mut first = order[..2].to_vec();
+    first.sort();
+    let mut then = order[2..4].to_vec();
+    then.sort();
+    assert_eq!(
+        (first, then, order[4]),
+        (vec![2, 5], vec![1, 3], 4),
+        "{order:?}"
+    );
+}
+
 /// The pre-send check of the Doris dispatcher design: a job claimed for an
 /// invocation whose durable record moved before the send (a sweep, an operator's
 /// settle, a peer) is not sent.

@@ -145,6 +145,7 @@ async fn a_num_commits_policy_compacts_a_spark_written_table_once_through_a_disp
     p.set("ingester", "SLUICE_POLL_TABLES", tables.to_string());
     let targets = json!([
         {"kind": "command", "name": "hudi-spark", "max_in_flight": 1, "max_attempts": 3,
+         "void_exit_codes": [3],
          "send_timeout_ms": 600_000, "deadline_ms": 660_000,
          "argv": [venv_bin("spark", "python"), driver(), "--jar", hudi_bundle(),
                   "--path", "{param.path}"]},

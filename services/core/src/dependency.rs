@@ -47,6 +47,11 @@ pub struct DependencySpec {
     pub schema_acknowledged: BTreeMap<AssetKey, i64>,
 }
 
+/// The target parameter that orders a target's queue: within one target, the
+/// dispatcher starts jobs of a higher priority first (default 0).
+pub const PRIORITY: &str = "priority";
+pub const MAX_PRIORITY: i32 = 999_999;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Target {
@@ -172,6 +177,15 @@ impl DependencySpec {
         }
         if self.target.name.trim().is_empty() {
             return Err(bad("target.name must not be empty".into()));
+        }
+        if let Some(p) = self.target.parameters.get(PRIORITY)
+            && !p
+                .parse::<i32>()
+                .is_ok_and(|p| (-MAX_PRIORITY..=MAX_PRIORITY).contains(&p))
+        {
+            return Err(bad(format!(
+                "target.parameters.priority must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}, got {p:?}"
+            )));
         }
         if self.coalescing.min_interval_ms < 0 || self.coalescing.quiet_period_ms < 0 {
             return Err(bad("coalescing intervals must not be negative".into()));
@@ -446,6 +460,17 @@ mod tests {
             r#"{"kind": "schema_unchanged"}"#,
         );
         assert!(DependencySpec::from_json(&watched).is_ok(), "{watched}");
+        let priority = |p: &str| {
+            GOOD.replace(
+                r#""name": "dwd_trade"}"#,
+                &format!(r#""name": "dwd_trade", "parameters": {{"priority": "{p}"}}}}"#),
+            )
+        };
+        assert!(DependencySpec::from_json(&priority("-5")).is_ok());
+        assert!(err(&priority("high")).contains(
+            "target.parameters.priority must be an integer from -999999 to 999999, got \"high\""
+        ));
+        assert!(err(&priority("1000000")).contains("target.parameters.priority"));
         let extra = r#"{"kind": "fresh_within", "max_age_ms": 5, "x": 1}"#;
         assert!(
             err(&GOOD.replace(r#"{"kind": "quality_passed"}"#, extra))

@@ -134,7 +134,10 @@ impl Adapters {
                 self.dolphin_start(url, token, project_code, job, timeout)
                     .await
             }
-            Reach::Command { argv } => self.command(argv, job, timeout).await,
+            Reach::Command {
+                argv,
+                void_exit_codes,
+            } => self.command(argv, void_exit_codes, job, timeout).await,
             Reach::Kafka { topic } => self.kafka_send(topic, job, timeout).await,
         }
     }
@@ -153,7 +156,11 @@ impl Adapters {
                     reason: "DolphinScheduler has no instance id for this job".into(),
                 },
             },
-            Reach::Command { .. } => self.commands.observe(job.owner.as_deref(), job),
+            Reach::Command {
+                void_exit_codes, ..
+            } => self
+                .commands
+                .observe(job.owner.as_deref(), job, void_exit_codes),
             _ => Observed::CannotTell {
                 reason: format!("a {} target cannot be asked", job.target_kind),
             },
@@ -497,7 +504,13 @@ impl Adapters {
     /// A local command (a spark-submit for a Hudi table service, a script): the
     /// trigger document on stdin and in SLUICE_TRIGGER, run detached so its outcome
     /// survives the dispatcher (see `command`), killed at the send timeout.
-    async fn command(&self, argv: &[String], job: &Claimed, timeout: Duration) -> SendOutcome {
+    async fn command(
+        &self,
+        argv: &[String],
+        void_exit_codes: &[i32],
+        job: &Claimed,
+        timeout: Duration,
+    ) -> SendOutcome {
         let args: Vec<String> = argv.iter().map(|a| expand(a, job)).collect();
         let doc = trigger_document(job).to_string();
         let env = [
@@ -507,7 +520,9 @@ impl Adapters {
             ("SLUICE_INVOCATION_ID", job.invocation_id.clone()),
             ("SLUICE_ATTEMPT", job.attempt.to_string()),
         ];
-        self.commands.send(&args, &env, &doc, job, timeout).await
+        self.commands
+            .send(&args, &env, &doc, job, timeout, void_exit_codes)
+            .await
     }
 }
 

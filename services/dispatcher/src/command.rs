@@ -63,6 +63,7 @@ impl Runs {
         document: &str,
         job: &Claimed,
         timeout: Duration,
+        void_exit_codes: &[i32],
     ) -> SendOutcome {
         let dir = self.dir(&self.instance, job);
         if let Err(e) = std::fs::create_dir_all(&dir)
@@ -94,12 +95,13 @@ impl Runs {
             }
         };
         match tokio::time::timeout(timeout, child.wait()).await {
-            Ok(Ok(_)) => match outcome(&dir) {
+            Ok(Ok(_)) => match outcome(&dir, void_exit_codes) {
                 Observed::Succeeded { .. } => SendOutcome::Accepted {
                     external_id: Some(dir.display().to_string()),
                     done: true,
                 },
                 Observed::Failed { reason, .. } => SendOutcome::Failed { reason },
+                Observed::Void { reason } => SendOutcome::Void { reason },
                 other => SendOutcome::Unknown {
                     reason: format!("the wrapper ended without an exit code: {other:?}"),
                 },
@@ -124,7 +126,12 @@ impl Runs {
 
     /// What became of the invocation, from its directory (reconcile and follow).
     /// `started_by` is the instance that claimed the job.
-    pub fn observe(&self, started_by: Option<&str>, job: &Claimed) -> Observed {
+    pub fn observe(
+        &self,
+        started_by: Option<&str>,
+        job: &Claimed,
+        void_exit_codes: &[i32],
+    ) -> Observed {
         let by = started_by.unwrap_or(&self.instance);
         let dir = self.dir(by, job);
         if !dir.exists() {
@@ -138,7 +145,7 @@ impl Runs {
             }
             return Observed::Absent;
         }
-        outcome(&dir)
+        outcome(&dir, void_exit_codes)
     }
 }
 
@@ -155,12 +162,20 @@ fn tail(path: &Path) -> String {
     chars[from..].iter().collect::<String>().trim().to_owned()
 }
 
-/// The outcome recorded in a run directory.
-fn outcome(dir: &Path) -> Observed {
+/// The outcome recorded in a run directory; an exit code among `void_exit_codes`
+/// means the command found nothing to do.
+fn outcome(dir: &Path, void_exit_codes: &[i32]) -> Observed {
     let external_id = Some(dir.display().to_string());
     if let Some(code) = read_trimmed(&dir.join("exit")) {
         return if code == "0" {
             Observed::Succeeded { external_id }
+        } else if code
+            .parse::<i32>()
+            .is_ok_and(|c| void_exit_codes.contains(&c))
+        {
+            Observed::Void {
+                reason: format!("exited with {code}: {}", tail(&dir.join("stderr"))),
+            }
         } else {
             Observed::Failed {
                 external_id,
@@ -255,24 +270,31 @@ mod tests {
     fn a_run_directory_tells_the_outcome() {
         let d = dir("outcome");
         assert!(
-            matches!(outcome(&d), Observed::Failed { .. }),
+            matches!(outcome(&d, &[]), Observed::Failed { .. }),
             "never started"
         );
         std::fs::write(d.join("pid"), std::process::id().to_string()).expect("w");
-        assert!(matches!(outcome(&d), Observed::Running { .. }), "alive");
+        assert!(
+            matches!(outcome(&d, &[]), Observed::Running { .. }),
+            "alive"
+        );
         std::fs::write(d.join("pid"), "999999999").expect("w");
         assert!(
-            matches!(outcome(&d), Observed::Failed { .. }),
+            matches!(outcome(&d, &[]), Observed::Failed { .. }),
             "dead without exit"
         );
         std::fs::write(d.join("stderr"), "boom\n").expect("w");
         std::fs::write(d.join("exit"), "3\n").expect("w");
-        match outcome(&d) {
+        match outcome(&d, &[]) {
             Observed::Failed { reason, .. } => assert!(reason.contains("3: boom"), "{reason}"),
             other => panic!("{other:?}"),
         }
+        match outcome(&d, &[3]) {
+            Observed::Void { reason } => assert!(reason.contains("3: boom"), "{reason}"),
+            other => panic!("a void exit code: {other:?}"),
+        }
         std::fs::write(d.join("exit"), "0\n").expect("w");
-        assert!(matches!(outcome(&d), Observed::Succeeded { .. }));
+        assert!(matches!(outcome(&d, &[]), Observed::Succeeded { .. }));
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -296,7 +318,7 @@ mod tests {
         ] {
             std::fs::write(tl.join(f), "").expect("w");
         }
-        match outcome(&d) {
+        match outcome(&d, &[]) {
             Observed::Failed { reason, .. } => {
                 assert!(reason.contains("not completed on the timeline"), "{reason}");
             }
@@ -304,7 +326,7 @@ mod tests {
         }
         // Completed as a commit: a success, though nobody saw the exit.
         std::fs::write(tl.join("20261207031412979_20261207031427848.commit"), "").expect("w");
-        assert!(matches!(outcome(&d), Observed::Succeeded { .. }));
+        assert!(matches!(outcome(&d, &[]), Observed::Succeeded { .. }));
         // Hudi 0.x's layout.
         let old = d.join("old");
         std::fs::create_dir_all(old.join(".hoodie")).expect("w");

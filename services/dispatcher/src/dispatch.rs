@@ -383,6 +383,7 @@ impl Dispatcher {
         let label = match &outcome {
             lifecycle::SendOutcome::Accepted { .. } => "accepted",
             lifecycle::SendOutcome::Failed { .. } => "failed",
+            lifecycle::SendOutcome::Void { .. } => "void",
             lifecycle::SendOutcome::Refused { .. } => "refused",
             lifecycle::SendOutcome::Unknown { .. } => "unknown",
         };

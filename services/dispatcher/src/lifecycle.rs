@@ -26,6 +26,10 @@ pub enum SendOutcome {
     /// The target ran it and it failed (a command's non-zero exit): known, final
     /// for this invocation, retried per policy.
     Failed { reason: String },
+    /// The target ran it and found nothing to do (a command's void exit code: a
+    /// table service Hudi declined to plan, the INVALID instance of Hudi's
+    /// table-service plan): final, never retried.
+    Void { reason: String },
     /// A clean refusal that proves nothing started (a 4xx): retried per policy.
     Refused { reason: String },
     /// The send may or may not have reached the target (timeout, reset, 5xx).
@@ -45,6 +49,10 @@ pub enum Observed {
     },
     Failed {
         external_id: Option<String>,
+        reason: String,
+    },
+    /// It ran and had nothing to do: final, never retried (see [`SendOutcome::Void`]).
+    Void {
         reason: String,
     },
     /// The target cannot be asked (or did not answer): nothing is concluded.
@@ -110,8 +118,15 @@ pub fn after_send(outcome: SendOutcome, attempt: u32, policy: &RetryPolicy) -> T
         SendOutcome::Refused { reason } | SendOutcome::Failed { reason } => {
             retry_or_fail(attempt, policy, reason)
         }
+        SendOutcome::Void { reason } => void(reason),
         // Never resend blindly: the outcome is settled by asking, or by an operator.
         SendOutcome::Unknown { reason } => Transition::Unknown { reason },
+    }
+}
+
+fn void(reason: String) -> Transition {
+    Transition::Fail {
+        reason: format!("void, not retried: {reason}"),
     }
 }
 
@@ -134,6 +149,7 @@ pub fn after_follow(observed: Observed, attempt: u32, policy: &RetryPolicy) -> T
         Observed::Running { .. } | Observed::CannotTell { .. } => Transition::Stay,
         Observed::Succeeded { external_id } => Transition::Succeed { external_id },
         Observed::Failed { reason, .. } => retry_or_fail(attempt, policy, reason),
+        Observed::Void { reason } => void(reason),
         // The target accepted it and then forgot it: we cannot tell what ran.
         Observed::Absent => Transition::Unknown {
             reason: "the target no longer knows the run it accepted".into(),
@@ -161,6 +177,7 @@ pub fn after_reconcile(observed: Observed, attempt: u32, policy: &RetryPolicy) -
         Observed::Running { external_id } => Transition::Follow { external_id },
         Observed::Succeeded { external_id } => Transition::Succeed { external_id },
         Observed::Failed { reason, .. } => retry_or_fail(attempt, policy, reason),
+        Observed::Void { reason } => void(reason),
         Observed::CannotTell { .. } => Transition::Stay,
     }
 }
@@ -174,6 +191,23 @@ mod tests {
         backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(250),
     };
+
+    #[test]
+    fn a_void_run_fails_at_once_wherever_it_is_seen() {
+        let reason = || "exited with 3: Hudi planned no compaction".to_owned();
+        for t in [
+            after_send(SendOutcome::Void { reason: reason() }, 1, &POLICY),
+            after_follow(Observed::Void { reason: reason() }, 1, &POLICY),
+            after_reconcile(Observed::Void { reason: reason() }, 1, &POLICY),
+        ] {
+            assert_eq!(
+                t,
+                Transition::Fail {
+                    reason: format!("void, not retried: {}", reason())
+                }
+            );
+        }
+    }
 
     #[test]
     fn a_refusal_retries_until_the_last_attempt_then_fails() {

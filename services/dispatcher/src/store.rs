@@ -71,13 +71,17 @@ WITH input AS (
            (SELECT h.trigger_key FROM trigger_history h WHERE h.trigger_key = i.rerun_of)
     FROM input i ORDER BY i.trigger_key, i.source_offset
     ON CONFLICT (trigger_key) DO NOTHING
-    RETURNING trigger_key, dependency_id, target_kind, target_name, origin, request_id
+    RETURNING trigger_key, dependency_id, target_kind, target_name, origin, request_id, target_parameters
 )
-INSERT INTO jobs (trigger_key, dependency_id, status, target_kind, target_name, backfill_id)
+INSERT INTO jobs (trigger_key, dependency_id, status, target_kind, target_name, backfill_id, priority)
 SELECT n.trigger_key, n.dependency_id, 'PENDING', n.target_kind, n.target_name,
        -- a backfill item is paced as its backfill; one this database never saw
        -- (written to the topic by hand) is dispatched as a live trigger
-       (SELECT b.backfill_id FROM backfills b WHERE n.origin = 'backfill' AND b.backfill_id = n.request_id)
+       (SELECT b.backfill_id FROM backfills b WHERE n.origin = 'backfill' AND b.backfill_id = n.request_id),
+       -- the spec's validation admits only such integers; anything else written
+       -- to the topic by hand is priority 0, never a failed insert
+       CASE WHEN n.target_parameters->>'priority' ~ '^-?[0-9]{1,6}$'
+            THEN (n.target_parameters->>'priority')::int ELSE 0 END
 FROM new n
 RETURNING trigger_key"#,
     )
@@ -228,7 +232,7 @@ WITH running AS (
     SELECT trigger_key FROM jobs
     WHERE status = 'PENDING' AND backfill_id IS NULL AND target_kind = $1 AND target_name = $2
       AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, trigger_key
+    ORDER BY priority DESC, next_attempt_at, trigger_key
     LIMIT (SELECT n FROM room)
 ), share AS (
     -- What each backfill on this target may start now: its slots (the request's,

@@ -105,6 +105,9 @@ struct RawTarget {
     token: Option<SecretValue>,
     project_code: Option<String>,
     argv: Option<Vec<String>>,
+    /// A command's exit codes that mean "nothing to do" (e.g. `[3]` for the Hudi
+    /// table-service driver: Hudi planned nothing): FAILED at once, not retried.
+    void_exit_codes: Option<Vec<i32>>,
     topic: Option<String>,
 }
 
@@ -142,6 +145,8 @@ pub enum Reach {
     },
     Command {
         argv: Vec<String>,
+        /// Exit codes that mean "nothing to do": the job fails at once, never retried.
+        void_exit_codes: Vec<i32>,
     },
     Kafka {
         topic: String,
@@ -348,6 +353,7 @@ fn build(r: RawTarget, source: Source) -> Result<Target, Vec<String>> {
         },
         Kind::Command => Reach::Command {
             argv: r.argv.clone().unwrap_or_default(),
+            void_exit_codes: r.void_exit_codes.clone().unwrap_or_default(),
         },
         Kind::Kafka => Reach::Kafka {
             topic: need("topic", &r.topic),
@@ -360,10 +366,19 @@ fn build(r: RawTarget, source: Source) -> Result<Target, Vec<String>> {
             "api_version {api_version}: Airflow has /api/v1 (2.x) and /api/v2 (3.x)"
         ));
     }
-    if let Reach::Command { argv } = &reach
-        && argv.is_empty()
+    if let Reach::Command {
+        argv,
+        void_exit_codes,
+    } = &reach
     {
-        problems.push("`argv` is required for a command and must not be empty".into());
+        if argv.is_empty() {
+            problems.push("`argv` is required for a command and must not be empty".into());
+        }
+        if let Some(c) = void_exit_codes.iter().find(|c| !(1..=255).contains(*c)) {
+            problems.push(format!(
+                "void_exit_codes: {c} is not an exit code of a failed command (1 to 255)"
+            ));
+        }
     }
     for (field, url) in [("url", &r.url)] {
         if let Some(u) = url
