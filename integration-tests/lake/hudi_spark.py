@@ -14,7 +14,11 @@ import json
 import os
 import sys
 
-from pyspark.sql import SparkSession
+# The Spark session of Sluice's own table-service driver: the same class path
+# and settings for the writer as for the service that compacts its tables.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "services", "dispatcher", "engines"))
+from hudi_table_service import session  # noqa: E402
 
 
 def timeline(path):
@@ -23,17 +27,7 @@ def timeline(path):
 
 
 def main(jar, path, name, table_type, writes):
-    spark = (SparkSession.builder.master("local[1]").appName("sluice-hudi-writer")
-             .config("spark.jars", jar)
-             .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
-             .config("spark.sql.extensions", "org.apache.spark.sql.hudi.HoodieSparkSessionExtension")
-             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.hudi.catalog.HoodieCatalog")
-             .config("spark.driver.memory", "1g")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "1")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(jar, [])
     opts = {
         "hoodie.table.name": name,
         "hoodie.datasource.write.table.type": table_type,

@@ -87,6 +87,8 @@ def pending(path, actions):
 
 
 def session(jar, confs):
+    """A local Spark session with Hudi's bundle (offline: a local jar, never
+    spark.jars.packages) and `confs` (`key=value`) on top."""
     b = (SparkSession.builder.master("local[1]").appName("sluice-hudi-table-service")
          .config("spark.jars", jar)
          # On the driver's own class path too: Hudi's Avro models and Spark's Avro
