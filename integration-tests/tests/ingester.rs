@@ -806,7 +806,7 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
         hudi_ops,
         [
             (Operation::Append, Some("upsert")),
-            (Operation::Compact, Some("cluster"))
+            (Operation::Cluster, Some("cluster"))
         ]
     );
     let by_id = count_by_id(&evs);

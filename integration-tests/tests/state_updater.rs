@@ -237,6 +237,8 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_once_fold_under_repeated_kill_9() {
+    /// Events per transaction of the killed incarnations.
+    const BATCH: usize = 5;
     let _turn = SERIAL.lock().await;
     let run = Run::new().await;
     let events = workload(500, 21, 42);
@@ -252,11 +254,13 @@ async fn exactly_once_fold_under_repeated_kill_9() {
             run.produce(late, 0).await;
             produced += late.len() as i64;
         }
-        // Small transactions: a run of 10,000 events takes hundreds of commits, so
-        // a kill after a few lands mid-run however fast the machine is. Started
-        // before the count is read: it fences the killed one's open transaction,
-        // which would otherwise hold the count until the transaction times out.
-        let mut child = run.spawn_batched("0", 20);
+        // Small transactions: a run of 10,000 events takes thousands of commits,
+        // so a kill after a few lands mid-run however fast the machine is (with
+        // 20 a transaction, one CI run's incarnations finished the workload
+        // between two reads of the committed count). Started before the count is
+        // read: it fences the killed one's open transaction, which would otherwise
+        // hold the count until the transaction times out.
+        let mut child = run.spawn_batched("0", BATCH);
         let before = run.committed();
         if before >= produced {
             kill9(&mut child);
@@ -266,7 +270,7 @@ async fn exactly_once_fold_under_repeated_kill_9() {
         // mid-run, with a batch in flight and states in memory that must come back
         // from asset-state.
         let deadline = Instant::now() + Duration::from_secs(60);
-        let cut = before + 200;
+        let cut = before + 10 * BATCH as i64;
         loop {
             seen = run.committed();
             if seen > cut || Instant::now() > deadline {
