@@ -549,12 +549,12 @@ mod tests {
         use crate::table_service::{Service, Strategy};
         let policy = spec(leaf(
             "l.o.t",
-            vec![Predicate::TableService {
+            vec![Predicate::TableService(crate::table_service::Policy {
                 service: Service::Compaction,
                 strategy: Strategy::NumCommits,
                 num_commits: 4,
                 delta_seconds: 3_600,
-            }],
+            })],
         ));
         let business = spec(leaf("l.o.t", vec![]));
         let mut w = World::default();
@@ -590,12 +590,12 @@ mod tests {
         use crate::table_service::{Service, Strategy};
         let policy = spec(leaf(
             "l.o.t",
-            vec![Predicate::TableService {
+            vec![Predicate::TableService(crate::table_service::Policy {
                 service: Service::Compaction,
                 strategy: Strategy::TimeElapsed,
                 num_commits: 5,
                 delta_seconds: 10,
-            }],
+            })],
         ));
         let mut w = World::default();
         let mut p = Progress::default();

@@ -471,6 +471,11 @@ mod tests {
             "target.parameters.priority must be an integer from -999999 to 999999, got \"high\""
         ));
         assert!(err(&priority("1000000")).contains("target.parameters.priority"));
+        let policy = r#"{"kind": "table_service", "service": "compaction", "strategy": "NUM_COMMITS", "x": 1}"#;
+        assert!(
+            err(&GOOD.replace(r#"{"kind": "quality_passed"}"#, policy))
+                .contains("unknown field `x`")
+        );
         let extra = r#"{"kind": "fresh_within", "max_age_ms": 5, "x": 1}"#;
         assert!(
             err(&GOOD.replace(r#"{"kind": "quality_passed"}"#, extra))

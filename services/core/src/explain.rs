@@ -413,12 +413,14 @@ mod tests {
                     include_compaction: c
                 }),
                 (1..5_000i64).prop_map(|m| Predicate::FreshWithin { max_age_ms: m }),
-                (0..5usize, 1..4u64, 1..5i64).prop_map(|(s, n, t)| Predicate::TableService {
-                    service: crate::table_service::Service::Compaction,
-                    strategy: crate::table_service::Strategy::ALL[s],
-                    num_commits: n,
-                    delta_seconds: t,
-                }),
+                (0..5usize, 1..4u64, 1..5i64).prop_map(|(s, n, t)| Predicate::TableService(
+                    crate::table_service::Policy {
+                        service: crate::table_service::Service::Compaction,
+                        strategy: crate::table_service::Strategy::ALL[s],
+                        num_commits: n,
+                        delta_seconds: t,
+                    }
+                )),
             ],
             0..3,
         )

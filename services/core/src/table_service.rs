@@ -18,8 +18,9 @@
 //!   counting from the request alone (`num_commits` more delta commits, or
 //!   `delta_seconds` since the first commit after it), the policy asks again.
 //!
-//! Like Hudi's inline scheduling, a strategy is checked when the table changes,
-//! so `TIME_ELAPSED` fires with the first commit after the time has passed.
+//! A strategy is checked when the table changes, and a check that waits only
+//! for time tells the resolver when to look again ([`Reading::due_in_ms`]), so
+//! `TIME_ELAPSED` fires on time on a table that stopped committing.
 
 use serde::{Deserialize, Serialize};
 
@@ -117,11 +118,41 @@ impl Strategy {
             Strategy::NumCommits | Strategy::NumCommitsAfterLastRequest
         )
     }
+
+    /// The strategy's verdict from its count and its time.
+    fn holds(self, by_count: bool, by_time: bool) -> bool {
+        match self {
+            Strategy::NumCommits | Strategy::NumCommitsAfterLastRequest => by_count,
+            Strategy::TimeElapsed => by_time,
+            Strategy::NumAndTime => by_count && by_time,
+            Strategy::NumOrTime => by_count || by_time,
+        }
+    }
 }
 
 /// Hudi's defaults: `hoodie.compact.inline.max.delta.commits` and `…max.delta.seconds`.
 pub const DEFAULT_NUM_COMMITS: u64 = 5;
 pub const DEFAULT_DELTA_SECONDS: i64 = 3_600;
+
+/// A table-service policy: `service` is due under Hudi's `strategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    pub service: Service,
+    pub strategy: Strategy,
+    #[serde(default = "default_num_commits")]
+    pub num_commits: u64,
+    #[serde(default = "default_delta_seconds")]
+    pub delta_seconds: i64,
+}
+
+fn default_num_commits() -> u64 {
+    DEFAULT_NUM_COMMITS
+}
+
+fn default_delta_seconds() -> i64 {
+    DEFAULT_DELTA_SECONDS
+}
 
 /// What a policy saw on the table: the figures its verdict compared.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -137,133 +168,149 @@ pub struct Reading {
     pub elapsed_ms: Option<i64>,
 }
 
-/// Whether `state` is due for `service` under `strategy`, and what was read.
-/// `base` is the state at the policy's last trigger (none: it never fired).
-pub fn due(
-    service: Service,
-    strategy: Strategy,
-    num_commits: u64,
-    delta_seconds: i64,
-    state: &AssetState,
-    base: Option<&Baseline>,
-    now_ms: i64,
-) -> (bool, Reading) {
-    let done = state
-        .recent
-        .iter()
-        .rev()
-        .find(|c| service.completes(c.operation));
-    let last_completed = done.map(|c| c.sequence);
-    let requested = base.and_then(|b| b.sequence);
-    let data_after = |from: Option<i64>| {
-        state
-            .recent
-            .iter()
-            .filter(|c| c.operation.changes_data() && from.is_none_or(|f| c.sequence > f))
-            .count() as u64
-    };
-    // Time since the first commit after `seq`: a request is only worth making
-    // again for commits it did not cover (an unchanged table fires nothing new).
-    let time_since_next = |seq: i64| {
-        state
-            .recent
-            .iter()
-            .find(|c| c.sequence > seq)
-            .map(|c| now_ms.saturating_sub(c.commit_time_ms))
-    };
-    let delta_ms = delta_seconds.saturating_mul(1_000);
-    let in_flight_since = requested
-        .filter(|r| last_completed.is_none_or(|d| *r >= d))
-        .filter(|r| {
-            // A request given up on: the strategy holds again from it alone.
-            let lost = (strategy.counts() && data_after(Some(*r)) >= num_commits)
-                || (strategy.times() && time_since_next(*r).is_some_and(|e| e >= delta_ms));
-            !lost
-        });
-    let from = match strategy {
-        Strategy::NumCommitsAfterLastRequest => last_completed.max(requested),
-        _ => last_completed,
-    };
-    let commits = data_after(from);
-    let since_ms = done
-        .or_else(|| state.recent.first())
-        .map(|c| c.commit_time_ms);
-    let elapsed_ms = since_ms.map(|t| now_ms.saturating_sub(t));
-    let by_count = commits >= num_commits;
-    let by_time = elapsed_ms.is_some_and(|e| e >= delta_ms);
-    let holds = match strategy {
-        Strategy::NumCommits | Strategy::NumCommitsAfterLastRequest => by_count,
-        Strategy::TimeElapsed => by_time,
-        Strategy::NumAndTime => by_count && by_time,
-        Strategy::NumOrTime => by_count || by_time,
-    };
-    // Nothing to compact before the first data commit, whatever the clock says.
-    let anything = state.latest_data.is_some();
-    (
-        holds && anything && in_flight_since.is_none(),
-        Reading {
-            last_completed,
-            in_flight_since,
-            commits,
-            elapsed_ms,
-        },
-    )
+impl Reading {
+    /// For a policy whose strategy waits for time and that has nothing in flight:
+    /// how long until its time comes due (none: due already, or no commit yet).
+    pub fn due_in_ms(&self, policy: &Policy) -> Option<i64> {
+        if !policy.strategy.times() || self.in_flight_since.is_some() {
+            return None;
+        }
+        let left = policy.delta_seconds.saturating_mul(1_000) - self.elapsed_ms?;
+        (left > 0).then_some(left)
+    }
 }
 
-/// The reading told to a user: what was counted against what was needed.
-pub fn describe(
-    service: Service,
-    strategy: Strategy,
-    num_commits: u64,
-    delta_seconds: i64,
-    r: &Reading,
-) -> String {
-    let mut parts = Vec::new();
-    if let Some(at) = r.in_flight_since {
-        parts.push(format!(
-            "a {} requested after sequence {at} has not completed yet",
-            service.as_str()
-        ));
-    }
-    let from = match (strategy, r.last_completed) {
-        (Strategy::NumCommitsAfterLastRequest, _) => "since the last request".to_owned(),
-        (_, Some(seq)) => format!("since the {} at sequence {seq}", service.as_str()),
-        (_, None) => format!("with no {} remembered", service.as_str()),
-    };
-    if strategy.counts() {
-        parts.push(format!(
-            "{} data commits {from}, {} needs {num_commits}",
-            r.commits,
-            strategy.as_str()
-        ));
-    }
-    if strategy.times() {
-        let elapsed = r.elapsed_ms.map_or_else(
-            || "no commit yet".to_owned(),
-            |e| format!("{} s", e / 1_000),
+impl Policy {
+    /// Whether `state` is due for the service, and what was read. `base` is the
+    /// state at the policy's last trigger (none: it never fired).
+    pub fn due(&self, state: &AssetState, base: Option<&Baseline>, now_ms: i64) -> (bool, Reading) {
+        let Policy {
+            service,
+            strategy,
+            num_commits,
+            delta_seconds,
+        } = *self;
+        let done = state
+            .recent
+            .iter()
+            .rev()
+            .find(|c| service.completes(c.operation));
+        let last_completed = done.map(|c| c.sequence);
+        let requested = base.and_then(|b| b.sequence);
+        let data_after = |from: Option<i64>| {
+            state
+                .recent
+                .iter()
+                .filter(|c| c.operation.changes_data() && from.is_none_or(|f| c.sequence > f))
+                .count() as u64
+        };
+        // Time since the first commit after `seq`: a request is only worth making
+        // again for commits it did not cover (an unchanged table fires nothing new).
+        let time_since_next = |seq: i64| {
+            state
+                .recent
+                .iter()
+                .find(|c| c.sequence > seq)
+                .map(|c| now_ms.saturating_sub(c.commit_time_ms))
+        };
+        let delta_ms = delta_seconds.saturating_mul(1_000);
+        let in_flight_since = requested
+            .filter(|r| last_completed.is_none_or(|d| *r >= d))
+            .filter(|r| {
+                // A request given up on: the strategy holds again from it alone.
+                let lost = strategy.holds(
+                    data_after(Some(*r)) >= num_commits,
+                    time_since_next(*r).is_some_and(|e| e >= delta_ms),
+                );
+                !lost
+            });
+        let from = match strategy {
+            Strategy::NumCommitsAfterLastRequest => last_completed.max(requested),
+            _ => last_completed,
+        };
+        let commits = data_after(from);
+        let since_ms = done
+            .or_else(|| state.recent.first())
+            .map(|c| c.commit_time_ms);
+        let elapsed_ms = since_ms.map(|t| now_ms.saturating_sub(t));
+        let holds = strategy.holds(
+            commits >= num_commits,
+            elapsed_ms.is_some_and(|e| e >= delta_ms),
         );
-        parts.push(format!(
-            "{elapsed} since the last {}, {} needs {delta_seconds} s",
-            service.as_str(),
-            strategy.as_str()
-        ));
+        // Nothing to compact before the first data commit, whatever the clock says.
+        let anything = state.latest_data.is_some();
+        (
+            holds && anything && in_flight_since.is_none(),
+            Reading {
+                last_completed,
+                in_flight_since,
+                commits,
+                elapsed_ms,
+            },
+        )
     }
-    parts.join("; ")
-}
 
-/// Why a policy's numbers are refused.
-pub fn validate(strategy: Strategy, num_commits: u64, delta_seconds: i64) -> Result<(), String> {
-    if strategy.counts() && !(1..=MAX_NUM_COMMITS).contains(&num_commits) {
-        return Err(format!(
-            "table_service.num_commits must be between 1 and {MAX_NUM_COMMITS} (the commits a state remembers exactly), got {num_commits}"
-        ));
+    /// The reading told to a user: what was counted against what was needed.
+    pub fn describe(&self, r: &Reading) -> String {
+        let Policy {
+            service,
+            strategy,
+            num_commits,
+            delta_seconds,
+        } = *self;
+        let mut parts = Vec::new();
+        if let Some(at) = r.in_flight_since {
+            parts.push(format!(
+                "a {} requested after sequence {at} has not completed yet",
+                service.as_str()
+            ));
+        }
+        let from = match (strategy, r.last_completed) {
+            (Strategy::NumCommitsAfterLastRequest, _) => "since the last request".to_owned(),
+            (_, Some(seq)) => format!("since the {} at sequence {seq}", service.as_str()),
+            (_, None) => format!("with no {} remembered", service.as_str()),
+        };
+        if strategy.counts() {
+            parts.push(format!(
+                "{} data commits {from}, {} needs {num_commits}",
+                r.commits,
+                strategy.as_str()
+            ));
+        }
+        if strategy.times() {
+            let elapsed = r.elapsed_ms.map_or_else(
+                || "no commit yet".to_owned(),
+                |e| format!("{} s", e / 1_000),
+            );
+            parts.push(format!(
+                "{elapsed} since the last {}, {} needs {delta_seconds} s",
+                service.as_str(),
+                strategy.as_str()
+            ));
+        }
+        parts.join("; ")
     }
-    if strategy.times() && delta_seconds <= 0 {
-        return Err(format!(
-            "table_service.delta_seconds must be positive, got {delta_seconds}"
-        ));
+
+    /// Why a policy's numbers are refused.
+    pub fn validate(&self) -> Result<(), String> {
+        let Policy {
+            strategy,
+            num_commits,
+            delta_seconds,
+            ..
+        } = *self;
+        if strategy.counts() && !(1..=MAX_NUM_COMMITS).contains(&num_commits) {
+            return Err(format!(
+                "table_service.num_commits must be between 1 and {MAX_NUM_COMMITS} (the commits a state remembers exactly), got {num_commits}"
+            ));
+        }
+        if strategy.times() && delta_seconds <= 0 {
+            return Err(format!(
+                "table_service.delta_seconds must be positive, got {delta_seconds}"
+            ));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -294,6 +341,46 @@ mod tests {
     }
 
     use Operation::{Append as D, Compact as C, Other as X};
+
+    fn policy(
+        service: Service,
+        strategy: Strategy,
+        num_commits: u64,
+        delta_seconds: i64,
+    ) -> Policy {
+        Policy {
+            service,
+            strategy,
+            num_commits,
+            delta_seconds,
+        }
+    }
+
+    fn due(
+        service: Service,
+        strategy: Strategy,
+        num_commits: u64,
+        delta_seconds: i64,
+        state: &AssetState,
+        base: Option<&Baseline>,
+        now_ms: i64,
+    ) -> (bool, Reading) {
+        policy(service, strategy, num_commits, delta_seconds).due(state, base, now_ms)
+    }
+
+    fn describe(
+        service: Service,
+        strategy: Strategy,
+        num_commits: u64,
+        delta_seconds: i64,
+        r: &Reading,
+    ) -> String {
+        policy(service, strategy, num_commits, delta_seconds).describe(r)
+    }
+
+    fn validate(strategy: Strategy, num_commits: u64, delta_seconds: i64) -> Result<(), String> {
+        policy(Service::Compaction, strategy, num_commits, delta_seconds).validate()
+    }
 
     fn num(ops: &[Operation], n: u64, base: Option<i64>) -> (bool, Reading) {
         let s = table(ops);

@@ -223,36 +223,22 @@ fn planned_instant(dir: &Path) -> Option<(PathBuf, String)> {
     Some((PathBuf::from(v.get("path")?.as_str()?), instant.to_owned()))
 }
 
-/// Whether `instant` completed on the Hudi table at `path`: a completed instant
-/// file for it in the 1.x layout (`.hoodie/timeline/<instant>_<completed>.<action>`)
-/// or the 0.x one (`.hoodie/<instant>.<action>`, no `.requested` / `.inflight`).
+/// Whether `instant` completed on the Hudi table at `path` (either layout).
 fn hudi_completed(path: &Path, instant: &str) -> bool {
-    let done = |dir: PathBuf, layout2: bool| {
-        std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries.filter_map(Result::ok).any(|e| {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                let Some((stem, action)) = name.split_once('.') else {
-                    return false;
-                };
-                let completed_stem = if layout2 {
-                    stem.split_once('_').map(|(req, _)| req)
-                } else {
-                    Some(stem)
-                };
-                completed_stem == Some(instant)
-                    && !action.ends_with(".requested")
-                    && !action.ends_with(".inflight")
-            })
-        })
-    };
+    use sluice_kit::hudi::{LAYOUT2_DIR, completed_instant};
     let hoodie = path.join(".hoodie");
-    let layout2 = hoodie.join("timeline");
-    if layout2.is_dir() {
-        done(layout2, true)
+    let layout2 = hoodie.join(LAYOUT2_DIR).is_dir();
+    let dir = if layout2 {
+        hoodie.join(LAYOUT2_DIR)
     } else {
-        done(hoodie, false)
-    }
+        hoodie
+    };
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.filter_map(Result::ok).any(|e| {
+            completed_instant(&e.file_name().to_string_lossy(), layout2)
+                .is_some_and(|(requested, _)| requested == instant)
+        })
+    })
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod declared;
 pub mod dlq;
 pub mod grants;
 pub mod health;
+pub mod hudi;
 pub mod kafka;
 pub mod metrics;
 pub mod schemas;

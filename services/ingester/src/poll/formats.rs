@@ -399,7 +399,7 @@ fn hudi_commit_metadata(t: &dyn Tree, path: &Path) -> Result<Value, ScanError> {
 
 fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
     let hoodie = PathBuf::from(".hoodie");
-    let v2 = hoodie.join("timeline");
+    let v2 = hoodie.join(sluice_kit::hudi::LAYOUT2_DIR);
     let (dir, layout2) = if t.is_dir(&v2) {
         (v2, true)
     } else {
@@ -407,20 +407,12 @@ fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
     };
     let mut out = Vec::new();
     for name in t.list(&dir)? {
-        let Some((stem, action)) = name.split_once('.') else {
-            continue;
+        let Some((instant, action)) = sluice_kit::hudi::completed_instant(&name, layout2) else {
+            continue; // pending, `hoodie.properties`, …
         };
         if !HUDI_ACTIONS.contains(&action) {
-            continue; // `.requested`, `.inflight`, `hoodie.properties`, …
+            continue;
         }
-        let instant = if layout2 {
-            match stem.split_once('_') {
-                Some((requested, _completed)) => requested,
-                None => continue, // no completion time: not complete
-            }
-        } else {
-            stem
-        };
         let Ok((sequence, commit_ms)) = crate::normalize::hudi_instant(instant) else {
             continue;
         };

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sluice_core::dependency::{Coalescing, Mode, SpecError, Target};
-use sluice_core::table_service::{Service, Strategy};
+use sluice_core::table_service::{Policy, Service, Strategy};
 use sluice_core::{AssetKey, Condition, DependencySpec, InputCondition, Predicate};
 
 use super::WireTargetKind;
@@ -165,19 +165,14 @@ fn predicate_to_wire(p: &Predicate) -> WirePredicate {
             *include_compaction,
         ),
         Predicate::FreshWithin { max_age_ms } => (K::FreshWithin, Some(*max_age_ms), None, false),
-        Predicate::TableService {
-            service,
-            strategy,
-            num_commits,
-            delta_seconds,
-        } => {
+        Predicate::TableService(p) => {
             return WirePredicate {
                 kind: K::TableService,
-                long_value: Some(i64::try_from(*num_commits).unwrap_or(i64::MAX)),
-                string_value: Some(strategy.as_str().to_owned()),
+                long_value: Some(i64::try_from(p.num_commits).unwrap_or(i64::MAX)),
+                string_value: Some(p.strategy.as_str().to_owned()),
                 include_compaction: false,
-                service: Some(service.as_str().to_owned()),
-                delta_seconds: Some(*delta_seconds),
+                service: Some(p.service.as_str().to_owned()),
+                delta_seconds: Some(p.delta_seconds),
             };
         }
     };
@@ -333,7 +328,7 @@ fn predicate_from_wire(p: &WirePredicate) -> Result<Predicate, String> {
                 .as_deref()
                 .ok_or("predicate TABLE_SERVICE needs service")?;
             let strategy = string("TABLE_SERVICE")?;
-            Predicate::TableService {
+            Predicate::TableService(Policy {
                 service: Service::parse(service)
                     .ok_or_else(|| format!("TABLE_SERVICE service {service:?} is not known"))?,
                 strategy: Strategy::parse(&strategy).ok_or_else(|| {
@@ -344,7 +339,7 @@ fn predicate_from_wire(p: &WirePredicate) -> Result<Predicate, String> {
                 delta_seconds: p
                     .delta_seconds
                     .ok_or("predicate TABLE_SERVICE needs delta_seconds")?,
-            }
+            })
         }
     })
 }
