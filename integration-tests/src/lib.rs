@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub mod api;
 pub mod pipeline;
 pub mod registry;
+pub mod spark;
 
 /// The broker, from `SLUICE_KAFKA_BOOTSTRAP` (set by `compose/test.sh`).
 pub fn bootstrap() -> String {
@@ -112,9 +113,6 @@ pub async fn least_privilege_api_role(database_url: &str) -> String {
     format!("{scheme}://sluice_api:{PASSWORD}@{host_and_db}")
 }
 
-/// An executable of the test venv `.stack/<name>-venv` (made by
-/// `compose/ensure-venv.sh`, which `compose/test.sh` runs); `SLUICE_TEST_<NAME>_VENV`
-/// points elsewhere.
 /// Runs `integration-tests/lake/<script>` with the lake venv's Python; panics with
 /// its stderr unless it succeeds; returns its stdout. (Blocking: async callers wrap
 /// it in `spawn_blocking` when the test serves something the script calls.)
@@ -156,6 +154,9 @@ pub fn hudi_bundle() -> PathBuf {
     jar
 }
 
+/// An executable of the test venv `.stack/<name>-venv` (made by
+/// `compose/ensure-venv.sh`, which `compose/test.sh` runs); `SLUICE_TEST_<NAME>_VENV`
+/// points elsewhere.
 pub fn venv_bin(name: &str, program: &str) -> PathBuf {
     let var = format!("SLUICE_TEST_{}_VENV", name.to_ascii_uppercase());
     let venv = std::env::var_os(&var)
@@ -229,7 +230,6 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// `GET path` on a loopback port; returns (status, body) or None if nothing answers.
 /// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
 pub fn tls_files(
     dir: &std::path::Path,
@@ -314,6 +314,7 @@ pub async fn serve(app: axum::Router) -> u16 {
     port
 }
 
+/// `GET path` on a loopback port; returns (status, body) or None if nothing answers.
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await

@@ -1488,68 +1488,86 @@ async fn iceberg_on_a_postgresql_catalog_is_read_through_its_row() {
 }
 
 /// Hudi written by its own writer (Spark with Hudi's bundle): the poller reads the
-/// 1.x timeline a MERGE_ON_READ table keeps (`<requested>_<completed>.deltacommit`,
-/// Avro commit metadata, Hadoop's `.crc` files beside them) and emits each upsert
-/// once, with the partitions its write stats name.
+/// 1.x timeline Hudi keeps (`<requested>_<completed>.<action>`, Avro commit
+/// metadata, Hadoop's `.crc` files beside them) of a MERGE_ON_READ table (each
+/// upsert a `deltacommit`) and of a COPY_ON_WRITE one (a `commit`), and emits each
+/// upsert once, with the partitions its write stats name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hudi_written_by_spark_is_polled_with_its_partitions() {
     let names = topics_for("hs").await;
     let root = std::env::temp_dir().join(unique("hs"));
-    let path = root.join("orders");
-    let args = [hudi_bundle(), path.clone()]
-        .iter()
-        .map(|p| p.display().to_string())
-        .chain(
-            [
-                "orders",
-                "MERGE_ON_READ",
-                "2024-12-01",
-                "2024-12-02,2024-12-03",
-            ]
-            .map(String::from),
-        )
-        .collect::<Vec<_>>();
-    // The JVM shares the script's stdout (Hudi's JOL prints warnings there).
-    let writes: Vec<Value> = venv_script("spark", "hudi_spark.py", &args)
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).expect("writer output"))
-        .collect();
-    assert_eq!(writes.len(), 2, "{writes:?}");
-    let tables = json!([{"asset": "lake.ods.orders", "format": "hudi", "path": path,
-        "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
-    .to_string();
+    let mut tables = Vec::new();
+    let mut wanted = Vec::new();
+    for (asset, table_type, action) in [
+        ("lake.ods.orders", "MERGE_ON_READ", "deltacommit"),
+        ("lake.ods.payments", "COPY_ON_WRITE", "commit"),
+    ] {
+        let name = asset.rsplit('.').next().expect("name");
+        let path = root.join(name);
+        let args = [hudi_bundle(), path.clone()]
+            .iter()
+            .map(|p| p.display().to_string())
+            .chain([name, table_type, "2024-12-01", "2024-12-02,2024-12-03"].map(String::from))
+            .collect::<Vec<_>>();
+        // The JVM shares the script's stdout (Hudi's JOL prints warnings there).
+        let writes: Vec<Value> = venv_script("spark", "hudi_spark.py", &args)
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).expect("writer output"))
+            .collect();
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        tables.push(json!({"asset": asset, "format": "hudi", "path": path,
+            "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}));
+        for w in writes {
+            let parts = w["partitions"].as_array().expect("partitions");
+            let parts: Vec<String> = parts
+                .iter()
+                .map(|p| p.as_str().expect("p").to_owned())
+                .collect();
+            assert_eq!(w["action"], action, "{w}");
+            wanted.push((
+                asset.to_owned(),
+                w["requested"].as_i64().expect("instant"),
+                parts,
+                action.to_owned(),
+            ));
+        }
+    }
+    wanted.sort();
+    let tables = Value::Array(tables).to_string();
     let ing = start(&names, "a", &[("SLUICE_POLL_TABLES", tables.as_str())]).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while events(&names).await.len() < writes.len() {
+    while events(&names).await.len() < wanted.len() {
         assert!(Instant::now() < deadline, "not polled in 60 s");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await; // and nothing more
     let evs = events(&names).await;
-    let got: Vec<(i64, Vec<String>)> = evs
+    let mut got: Vec<(String, i64, Vec<String>, String)> = evs
         .iter()
-        .map(|e| (e.sequence, e.partitions.clone()))
-        .collect();
-    println!("hudi events (sequence, partitions): {got:?}");
-    let want: Vec<(i64, Vec<String>)> = writes
-        .iter()
-        .map(|w| {
-            let parts = w["partitions"].as_array().expect("partitions");
+        .map(|e| {
+            let action = e.attributes.get("hudi.action").cloned().unwrap_or_default();
             (
-                w["requested"].as_i64().expect("instant"),
-                parts
-                    .iter()
-                    .map(|p| p.as_str().expect("p").to_owned())
-                    .collect(),
+                e.asset_key.to_string(),
+                e.sequence,
+                e.partitions.clone(),
+                action,
             )
         })
         .collect();
-    assert_eq!(got, want, "each upsert once, with its partitions");
+    got.sort();
+    println!("hudi events (asset, sequence, partitions, action): {got:?}");
+    assert_eq!(
+        got, wanted,
+        "each upsert once, with its partitions and action"
+    );
     for e in &evs {
-        let attr = |k: &str| e.attributes.get(k).map(String::as_str);
-        assert_eq!(attr("hudi.action"), Some("deltacommit"), "{e:?}");
-        assert_eq!(attr("hudi.operation_type"), Some("UPSERT"), "{e:?}");
+        assert_eq!(
+            e.attributes.get("hudi.operation_type").map(String::as_str),
+            Some("UPSERT"),
+            "{e:?}"
+        );
+        assert_eq!(e.operation, Operation::Append, "{e:?}");
     }
     drop(ing);
     let _ = std::fs::remove_dir_all(&root);

@@ -3,14 +3,18 @@
 //! write-commit callback and by the poller, a `NUM_COMMITS` compaction policy
 //! applied like any dependency, and the compaction run by Spark through the
 //! shipped driver (`services/dispatcher/engines/hudi_table_service.py`) as a
-//! `command` target — with the dispatcher killed (SIGKILL) during the compaction.
+//! `command` target — with the dispatcher killed (SIGKILL) during the compaction;
+//! then log compaction, clustering and clean policies on one table, each run by
+//! a `spark-submit` of the same driver to a Spark standalone cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sluice_integration_tests::api::tokens_file;
 use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
-use sluice_integration_tests::{http_get, hudi_bundle, unique, venv_bin};
+use sluice_integration_tests::spark::SparkCluster;
+use sluice_integration_tests::{http_get, hudi_bundle, service_binary, unique, venv_bin};
 use sqlx::PgPool;
 
 const TABLE: &str = "lake.ods.orders";
@@ -22,10 +26,12 @@ fn driver() -> PathBuf {
         .join("../services/dispatcher/engines/hudi_table_service.py")
 }
 
-/// `(requested, completed)` of every completed compaction on the table's timeline:
-/// a `commit` whose requested instant was planned as a `compaction`.
-fn compactions(table: &Path) -> Vec<(String, String)> {
-    let tl = table.join(".hoodie/timeline");
+/// `(requested, completed)` of every completed instance on the table's timeline
+/// that was planned as `plan` (`compaction`, `logcompaction`, `clustering`,
+/// `clean`): a compaction completes as a `commit`, a log compaction as a
+/// `deltacommit`, a clustering as a `replacecommit`, each under its plan's instant.
+fn completed_services(table: &Path, plan: &str) -> Vec<(String, String)> {
+    let tl = table.join(".hoodie").join(sluice_kit::hudi::LAYOUT2_DIR);
     let names: Vec<String> = std::fs::read_dir(&tl)
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -35,9 +41,10 @@ fn compactions(table: &Path) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = names
         .iter()
         .filter_map(|n| {
-            let (stem, action) = n.split_once('.')?;
-            let (req, done) = stem.split_once('_')?;
-            (action == "commit" && names.contains(&format!("{req}.compaction.requested")))
+            let (req, _) = sluice_kit::hudi::completed_instant(n, true)?;
+            let done = n.split_once('.')?.0.split_once('_')?.1;
+            names
+                .contains(&format!("{req}.{plan}.requested"))
                 .then(|| (req.to_owned(), done.to_owned()))
         })
         .collect();
@@ -45,15 +52,20 @@ fn compactions(table: &Path) -> Vec<(String, String)> {
     out
 }
 
+fn compactions(table: &Path) -> Vec<(String, String)> {
+    completed_services(table, "compaction")
+}
+
 /// Writes one upsert per element of `days` (each a deltacommit) with Spark; with
 /// `callback`, Hudi's HTTP write-commit callback posts each to the ingester.
 /// Returns the writer's line per commit.
 async fn write(table: &Path, days: &[&str], callback: Option<String>) -> Vec<Value> {
     let mut cmd = tokio::process::Command::new(venv_bin("spark", "python"));
+    let name = table.file_name().expect("table dir").to_string_lossy();
     cmd.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/hudi_spark.py"))
         .arg(hudi_bundle())
         .arg(table)
-        .args(["orders", "MERGE_ON_READ"])
+        .args([&*name, "MERGE_ON_READ"])
         .args(days);
     if let Some(url) = callback {
         cmd.env("HUDI_CALLBACK_URL", url)
@@ -319,5 +331,233 @@ async fn a_num_commits_policy_compacts_a_spark_written_table_once_through_a_disp
         "business triggers only on deltacommits: {fired:?}"
     );
     drop(p);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The last transition's reason of every run of `dependency`, oldest first.
+async fn reasons(pool: &PgPool, dependency: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT j.status, coalesce((SELECT r.reason FROM run_transitions r \
+                 WHERE r.trigger_key = j.trigger_key ORDER BY r.id DESC LIMIT 1), '') \
+         FROM jobs j JOIN trigger_history t USING (trigger_key) \
+         WHERE t.dependency_id = $1 ORDER BY t.recorded_at",
+    )
+    .bind(dependency)
+    .fetch_all(pool)
+    .await
+    .expect("reasons")
+}
+
+/// The other three services, each a policy of its own on one MERGE_ON_READ
+/// table, all run by one `command` target that `spark-submit`s the shipped driver
+/// to a Spark standalone cluster (the target is the engine's queue: one slot).
+/// Each counts data commits from its own last completed instance, never from
+/// another service's, and the driver takes the table, the service and Hudi's
+/// settings from the policy's target parameters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_compaction_clustering_and_clean_policies_run_on_a_spark_cluster() {
+    const EVENTS: &str = "lake.ods.events";
+    const LOG: &str = "events-log-compaction";
+    const CLUSTER: &str = "events-clustering";
+    const CLEAN: &str = "events-clean";
+    let root = std::env::temp_dir().join(unique("hts"));
+    let table = root.join("events");
+    let runs = root.join("runs");
+    std::fs::create_dir_all(&runs).expect("runs dir");
+    let started = Instant::now();
+    let cluster = SparkCluster::start(&root.join("spark"), "2g").await;
+    println!(
+        "[spark] standalone cluster {} up after {} ms",
+        cluster.master_url,
+        started.elapsed().as_millis()
+    );
+    let mut p = Pipeline::new(2, &[]).await;
+    let tables = json!([{"asset": EVENTS, "format": "hudi", "path": table,
+        "interval_ms": 500, "push_timeout_ms": 500, "start": "earliest"}]);
+    p.set("ingester", "SLUICE_POLL_TABLES", tables.to_string());
+    let targets = json!([
+        {"kind": "command", "name": "spark-cluster", "max_in_flight": 1, "max_attempts": 2,
+         "void_exit_codes": [3], "send_timeout_ms": 600_000, "deadline_ms": 660_000,
+         "argv": [venv_bin("spark", "python"), driver(), "--jar", hudi_bundle(),
+                  "--master", &cluster.master_url]},
+    ]);
+    p.set("dispatcher", "SLUICE_TARGETS", targets.to_string());
+    p.set(
+        "dispatcher",
+        "SLUICE_COMMAND_DIR",
+        runs.display().to_string(),
+    );
+    const ADMIN: &str = "root-token-0123456789";
+    let api = p
+        .start_all_with_api(
+            tokens_file(&[("root", ADMIN, json!({"*": "admin"}))]),
+            ADMIN,
+        )
+        .await;
+    let policy = |id: &str, service: &str, n: u64, options: &str| {
+        json!({"id": id, "version": 1, "owner_project": "lake",
+         "target": {"kind": "command", "name": "spark-cluster",
+                    "parameters": {"path": table, "service": service, "options": options}},
+         "condition": {"input": {"asset": EVENTS, "predicates": [
+             {"kind": "table_service", "service": service, "strategy": "NUM_COMMITS",
+              "num_commits": n}]}}})
+    };
+    let specs = json!([
+        // Hudi plans a log compaction for a file slice of at least this many log blocks.
+        policy(
+            LOG,
+            "log_compaction",
+            3,
+            "hoodie.log.compaction.blocks.threshold=2"
+        ),
+        policy(CLUSTER, "clustering", 4, ""),
+        // Keep one commit: the file group clustering replaced goes at the next clean.
+        policy(CLEAN, "clean", 5, "hoodie.cleaner.commits.retained=1"),
+    ]);
+    let file = root.join("specs.json");
+    std::fs::write(&file, specs.to_string()).expect("specs");
+    let applied = p.cli(&["apply", &file.to_string_lossy()]);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let pool = PgPool::connect(&p.database_url).await.expect("pool");
+    let statuses = |dep: &'static str| {
+        let pool = pool.clone();
+        async move {
+            jobs(&pool, dep)
+                .await
+                .into_iter()
+                .map(|(s, _, _)| s)
+                .collect::<Vec<_>>()
+        }
+    };
+    let day = "2024-12-01";
+
+    // Three deltacommits (an insert, two updates: two log blocks): log compaction is due.
+    let w = write(&table, &[day; 3], None).await;
+    wait_for("the log compaction SUCCEEDED", &p, 300, || async {
+        statuses(LOG).await == ["SUCCEEDED"]
+    })
+    .await;
+    let lc = completed_services(&table, "logcompaction");
+    assert_eq!(lc.len(), 1, "one log compaction on the timeline: {lc:?}");
+    let third = instant_ms(&w[2]["completed"].as_i64().expect("completed").to_string());
+    println!(
+        "[spark] log compaction {} planned {} ms and completed {} ms after the 3rd deltacommit",
+        lc[0].0,
+        instant_ms(&lc[0].0) - third,
+        instant_ms(&lc[0].1) - third
+    );
+    // Its own deltacommit (operation LOG_COMPACT) is no data commit: the poller
+    // keeps it as a log compaction, and it makes no 4th commit for clustering.
+    let lc_seq: i64 = lc[0].0.parse().expect("instant");
+    wait_for(
+        "the log compaction's commit kept as LOG_COMPACT",
+        &p,
+        60,
+        || async {
+            let v = api
+                .get(&format!("/v1/assets/{EVENTS}/commits?limit=20"))
+                .await;
+            v["items"].as_array().is_some_and(|items| {
+                items
+                    .iter()
+                    .any(|e| e["sequence"] == lc_seq && e["operation"] == "LOG_COMPACT")
+            })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        statuses(CLUSTER).await.is_empty(),
+        "clustering counted the log compaction as a data commit"
+    );
+
+    // A 4th deltacommit: clustering is due (the log compaction did not reset it).
+    write(&table, &[day], None).await;
+    wait_for("the clustering SUCCEEDED", &p, 300, || async {
+        statuses(CLUSTER).await == ["SUCCEEDED"]
+    })
+    .await;
+    let cl = completed_services(&table, "clustering");
+    assert_eq!(cl.len(), 1, "one clustering on the timeline: {cl:?}");
+    assert_eq!(
+        statuses(LOG).await.len(),
+        1,
+        "1 commit since the log compaction"
+    );
+    assert!(
+        statuses(CLEAN).await.is_empty(),
+        "4 commits, the clean needs 5"
+    );
+    let partition = table.join(format!("dt={day}"));
+    let file_groups = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(&partition)
+            .expect("partition")
+            .filter_map(|e| {
+                let n = e.ok()?.file_name().into_string().ok()?;
+                let n = n.trim_start_matches('.');
+                (n.ends_with(".parquet") || n.contains(".log."))
+                    .then(|| n.split('_').next().unwrap_or(n).to_owned())
+            })
+            .collect()
+    };
+    let before_clean = file_groups();
+    assert_eq!(
+        before_clean.len(),
+        2,
+        "the replaced file group and clustering's new one: {before_clean:?}"
+    );
+
+    // A 5th: the clean is due and removes the file group clustering replaced.
+    write(&table, &[day], None).await;
+    wait_for("the clean SUCCEEDED", &p, 300, || async {
+        statuses(CLEAN).await == ["SUCCEEDED"]
+    })
+    .await;
+    let cn = completed_services(&table, "clean");
+    assert_eq!(cn.len(), 1, "one clean on the timeline: {cn:?}");
+    let after_clean = file_groups();
+    println!("[spark] file groups before the clean {before_clean:?}, after {after_clean:?}");
+    assert_eq!(after_clean.len(), 1, "the replaced file group removed");
+
+    // Run the clean now: nothing is old enough, Hudi plans nothing (the driver's
+    // exit 3), and the void exit code ends the run at once, not retried.
+    let run = std::process::Command::new(service_binary("sluice"))
+        .args(["run", CLEAN])
+        .env("SLUICE_API_URL", &api.base)
+        .env("SLUICE_API_TOKEN", ADMIN)
+        .env("SLUICE_CONFIG", root.join("no-config"))
+        .output()
+        .expect("run sluice");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    wait_for("the clean run now FAILED void", &p, 300, || async {
+        statuses(CLEAN)
+            .await
+            .get(1)
+            .is_some_and(|s| s != "PENDING" && s != "RUNNING")
+    })
+    .await;
+    let r = reasons(&pool, CLEAN).await;
+    println!("[spark] clean runs: {r:?}");
+    assert_eq!(r[1].0, "FAILED", "{r:?}");
+    assert!(r[1].1.contains("void"), "ended as void, not retried: {r:?}");
+    let attempts = jobs(&pool, CLEAN).await[1].1;
+    assert_eq!(attempts, 1, "a void outcome is not retried");
+    assert_eq!(completed_services(&table, "clean").len(), 1);
+    assert_eq!(statuses(LOG).await, ["SUCCEEDED"]);
+    assert_eq!(statuses(CLUSTER).await, ["SUCCEEDED"]);
+    println!(
+        "[spark] all three services and the void run in {} s",
+        started.elapsed().as_secs()
+    );
+    drop(p);
+    drop(cluster);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -39,7 +39,7 @@ impl EventKind {
 pub enum Operation {
     Append,
     Overwrite,
-    /// Compaction: Hudi compaction and log compaction, Paimon COMPACT, Delta OPTIMIZE.
+    /// Compaction: Hudi compaction, Paimon COMPACT, Delta OPTIMIZE.
     Compact,
     Delete,
     /// Paimon ANALYZE, Iceberg replace without data change, Hudi rollback, ...
@@ -48,12 +48,15 @@ pub enum Operation {
     Cluster,
     /// Hudi clean: old file versions removed.
     Clean,
+    /// Hudi log compaction: a file slice's log blocks merged into one log block
+    /// (completed as a `deltacommit` of operation `LOG_COMPACT`), base files untouched.
+    LogCompact,
 }
 
 impl Operation {
     /// Every operation in declaration order: the Avro enum's symbol order (symbols
     /// are only ever appended).
-    pub const ALL: [Operation; 7] = [
+    pub const ALL: [Operation; 8] = [
         Operation::Append,
         Operation::Overwrite,
         Operation::Compact,
@@ -61,6 +64,7 @@ impl Operation {
         Operation::Other,
         Operation::Cluster,
         Operation::Clean,
+        Operation::LogCompact,
     ];
 
     /// True for commits that change the table's data (what business triggers wait for).

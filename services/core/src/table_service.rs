@@ -1,5 +1,5 @@
-//! Table-service policies: when a table needs a compaction, a clustering or a
-//! clean, in Hudi's own terms.
+//! Table-service policies: when a table needs a compaction, a log compaction, a
+//! clustering or a clean, in Hudi's own terms.
 //!
 //! Hudi schedules its table services by a trigger strategy
 //! (`hoodie.compact.inline.trigger.strategy`): `NUM_COMMITS` counts the delta
@@ -45,16 +45,26 @@ pub enum Service {
     Clustering,
     /// Remove old file versions (`hoodie.clean.max.commits`).
     Clean,
+    /// Merge a MERGE_ON_READ file slice's log blocks into one log block, base
+    /// files untouched (`hoodie.log.compaction.inline`; RFC-48): cheaper than a
+    /// compaction, for tables updated often between compactions.
+    LogCompaction,
 }
 
 impl Service {
-    pub const ALL: [Service; 3] = [Service::Compaction, Service::Clustering, Service::Clean];
+    pub const ALL: [Service; 4] = [
+        Service::Compaction,
+        Service::Clustering,
+        Service::Clean,
+        Service::LogCompaction,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Service::Compaction => "compaction",
             Service::Clustering => "clustering",
             Service::Clean => "clean",
+            Service::LogCompaction => "log_compaction",
         }
     }
 
@@ -62,12 +72,15 @@ impl Service {
         Service::ALL.into_iter().find(|x| x.as_str() == s)
     }
 
-    /// The operation of this service's completed commits.
+    /// Whether a completed commit of `op` is an instance this service counts
+    /// from. A compaction merges every log block into a base file, so it leaves
+    /// no log to compact: log compaction counts from either.
     fn completes(self, op: Operation) -> bool {
-        op == match self {
-            Service::Compaction => Operation::Compact,
-            Service::Clustering => Operation::Cluster,
-            Service::Clean => Operation::Clean,
+        match self {
+            Service::Compaction => op == Operation::Compact,
+            Service::Clustering => op == Operation::Cluster,
+            Service::Clean => op == Operation::Clean,
+            Service::LogCompaction => matches!(op, Operation::LogCompact | Operation::Compact),
         }
     }
 }
@@ -527,8 +540,8 @@ mod tests {
 
     #[test]
     fn each_service_counts_from_its_own_instances() {
-        use Operation::{Clean as K, Cluster as L};
-        let s = table(&[D, D, C, D, L, D, K, D]);
+        use Operation::{Clean as K, Cluster as L, LogCompact as G};
+        let s = table(&[D, D, C, D, L, D, K, D, G, D]);
         let count = |service| {
             due(
                 service,
@@ -541,12 +554,28 @@ mod tests {
             )
             .1
         };
+        // A log compaction does not reset compaction's count: base files untouched.
         let c = count(Service::Compaction);
-        assert_eq!((c.last_completed, c.commits), (Some(3), 3));
+        assert_eq!((c.last_completed, c.commits), (Some(3), 4));
         let l = count(Service::Clustering);
-        assert_eq!((l.last_completed, l.commits), (Some(5), 2));
+        assert_eq!((l.last_completed, l.commits), (Some(5), 3));
         let k = count(Service::Clean);
-        assert_eq!((k.last_completed, k.commits), (Some(7), 1));
+        assert_eq!((k.last_completed, k.commits), (Some(7), 2));
+        let g = count(Service::LogCompaction);
+        assert_eq!((g.last_completed, g.commits), (Some(9), 1));
+        // …and a compaction resets log compaction's: it merged every log block.
+        let s = table(&[D, G, D, D, C, D]);
+        let g = due(
+            Service::LogCompaction,
+            Strategy::NumCommits,
+            1,
+            DEFAULT_DELTA_SECONDS,
+            &s,
+            None,
+            0,
+        )
+        .1;
+        assert_eq!((g.last_completed, g.commits), (Some(5), 1));
         for x in Service::ALL {
             assert_eq!(Service::parse(x.as_str()), Some(x));
         }

@@ -282,8 +282,8 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 pub fn hudi_operation(action: Option<&str>, operation_type: Option<&str>) -> Operation {
     match (action.unwrap_or("commit"), operation_type) {
         (_, Some("cluster" | "CLUSTER")) | ("clustering", _) => Operation::Cluster,
-        (_, Some("compact" | "COMPACT" | "log_compact" | "LOG_COMPACT")) => Operation::Compact,
-        ("compaction" | "logcompaction", _) => Operation::Compact,
+        (_, Some("log_compact" | "LOG_COMPACT")) | ("logcompaction", _) => Operation::LogCompact,
+        (_, Some("compact" | "COMPACT")) | ("compaction", _) => Operation::Compact,
         ("replacecommit", _) => Operation::Overwrite,
         ("clean", _) => Operation::Clean,
         ("rollback" | "restore" | "savepoint" | "indexing", _) => Operation::Other,
@@ -463,7 +463,7 @@ mod tests {
         );
         assert_eq!(
             hudi_operation(Some("deltacommit"), Some("LOG_COMPACT")),
-            Operation::Compact
+            Operation::LogCompact
         );
         assert_eq!(
             hudi_operation(Some("replacecommit"), Some("INSERT_OVERWRITE")),

@@ -84,12 +84,14 @@ impl SchemaName {
                 include_str!("../../../schemas/history/trigger-request.2.avsc"),
             ],
             SchemaName::RunStatus => &[include_str!("../../../schemas/history/run-status.1.avsc")],
-            SchemaName::AssetEvent => {
-                &[include_str!("../../../schemas/history/asset-event.1.avsc")]
-            }
-            SchemaName::AssetState => {
-                &[include_str!("../../../schemas/history/asset-state.1.avsc")]
-            }
+            SchemaName::AssetEvent => &[
+                include_str!("../../../schemas/history/asset-event.1.avsc"),
+                include_str!("../../../schemas/history/asset-event.2.avsc"),
+            ],
+            SchemaName::AssetState => &[
+                include_str!("../../../schemas/history/asset-state.1.avsc"),
+                include_str!("../../../schemas/history/asset-state.2.avsc"),
+            ],
             _ => &[],
         }
     }
