@@ -9,7 +9,7 @@ Each argument after the table type is one upsert writing one row to each of thos
 its row, later ones update it (a MERGE_ON_READ table makes each a deltacommit,
 and an update a log file for compaction to merge). The environment variable
 HUDI_CALLBACK_URL (with HUDI_CALLBACK_KEY) turns on Hudi's own HTTP write-commit
-callback."""
+callback; HUDI_WRITE_OPTIONS (`k=v,k=v`) adds Hudi write settings."""
 import json
 import os
 import sys
@@ -48,6 +48,9 @@ def main(jar, path, name, table_type, writes):
             "hoodie.write.commit.callback.http.api.key": os.environ.get("HUDI_CALLBACK_KEY", ""),
             "hoodie.write.commit.callback.http.timeout.seconds": "10",
         })
+    for kv in filter(None, os.environ.get("HUDI_WRITE_OPTIONS", "").split(",")):
+        k, v = kv.split("=", 1)
+        opts[k.strip()] = v.strip()
     seen = set(timeline(path)) if os.path.isdir(os.path.join(path, ".hoodie", "timeline")) else set()
     for i, days in enumerate(writes):
         rows = [(d, i, d) for d in days.split(",")]

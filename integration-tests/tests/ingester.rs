@@ -1573,6 +1573,131 @@ async fn hudi_written_by_spark_is_polled_with_its_partitions() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Hudi 1.x archives old instants out of the active timeline into its LSM
+/// history (Parquet files under `.hoodie/timeline/history`). A poller that was
+/// down while commits were made *and* archived must still emit each of them —
+/// once: restarted, it resumes after what the state holds and reads the archive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_poller_finds_hudi_commits_archived_while_it_was_down() {
+    const ASSET: &str = "lake.ods.ledger";
+    let names = topics_for("ha").await;
+    let root = std::env::temp_dir().join(unique("ha"));
+    let path = root.join("ledger");
+    // Archive early: keep 3–4 commits active, clean after every commit.
+    let write = |days: &[&str]| -> Vec<i64> {
+        let out = Command::new(venv_bin("spark", "python"))
+            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/hudi_spark.py"))
+            .arg(hudi_bundle())
+            .arg(&path)
+            .args(["ledger", "COPY_ON_WRITE"])
+            .args(days)
+            .env(
+                "HUDI_WRITE_OPTIONS",
+                "hoodie.keep.min.commits=3,hoodie.keep.max.commits=4,\
+                 hoodie.cleaner.commits.retained=2,hoodie.metadata.enable=false",
+            )
+            .output()
+            .expect("run hudi_spark.py");
+        assert!(
+            out.status.success(),
+            "hudi_spark.py: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("writer line");
+                v["requested"].as_i64().expect("requested")
+            })
+            .collect()
+    };
+    let days = ["2024-12-01", "2024-12-02", "2024-12-03"];
+    let first = write(&days[..2]);
+    let folder_admin = format!("127.0.0.1:{}", free_port());
+    let mut folder = Command::new(service_binary("sluice-state-updater"))
+        .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+        .env("SLUICE_TOPIC_PREFIX", &names.prefix)
+        .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+        .env("SLUICE_ADMIN_ADDR", &folder_admin)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn state-updater");
+    let tables = json!([{"asset": ASSET, "format": "hudi", "path": path,
+        "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
+    .to_string();
+    let env = [("SLUICE_POLL_TABLES", tables.as_str())];
+    let held = async |names: &TopicNames, seq: i64| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let st = states(names).await;
+            let at = st
+                .get(ASSET)
+                .and_then(|s| s.latest.as_ref())
+                .map(|l| l.sequence);
+            if at.is_some_and(|a| a >= seq) {
+                return; // at the commit, or at the clean after it
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the state at {at:?}, not at {seq}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let ing = start(&names, "a", &env).await;
+    held(&names, first[1]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // a clean polled meanwhile is folded too
+    drop(ing);
+
+    // Eight more commits while no poller runs; Hudi archives some of them.
+    let second = write(&days.repeat(3)[..8]);
+    let active: Vec<i64> = std::fs::read_dir(path.join(".hoodie/timeline"))
+        .expect("timeline")
+        .filter_map(|e| {
+            let n = e.ok()?.file_name().into_string().ok()?;
+            let (req, action) = sluice_kit::hudi::completed_instant(&n, true)?;
+            (action == "commit").then(|| req.parse().ok())?
+        })
+        .collect();
+    let archived: Vec<i64> = second
+        .iter()
+        .copied()
+        .filter(|s| !active.contains(s))
+        .collect();
+    println!(
+        "[hudi] {} commits made while the poller was down, {} of them archived before it came back",
+        second.len(),
+        archived.len()
+    );
+    assert!(
+        !archived.is_empty(),
+        "the scenario needs commits archived meanwhile"
+    );
+    let ing = start(&names, "a", &env).await;
+    held(&names, second[7]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // and nothing more
+    let evs = events(&names).await;
+    let mut commits: Vec<i64> = evs
+        .iter()
+        .filter(|e| e.operation == Operation::Append)
+        .map(|e| e.sequence)
+        .collect();
+    commits.sort();
+    let want: Vec<i64> = first.iter().chain(&second).copied().collect();
+    assert_eq!(commits, want, "every commit once, the archived ones too");
+    let by_id = count_by_id(&evs);
+    assert!(
+        by_id.values().all(|n| *n == 1),
+        "no event emitted twice: {by_id:?}"
+    );
+    drop(ing);
+    let _ = folder.kill();
+    let _ = folder.wait();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// A lost push must not mean a partition that never fires: the poller emits the
 /// partitions a commit wrote — a Delta commit's `add` actions' partitionValues (a
 /// table delta-rs wrote partitioned by `dt`), a Paimon commit's delta manifests'

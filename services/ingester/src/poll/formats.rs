@@ -128,7 +128,7 @@ pub fn scan(
         TableFormat::Iceberg => return Err(ScanError::NoTable(t.full(Path::new("")))),
         TableFormat::Paimon => paimon(t, after)?,
         TableFormat::Delta => delta(t, after)?,
-        TableFormat::Hudi => hudi(t)?,
+        TableFormat::Hudi => hudi(t, after)?,
         TableFormat::Other => return Err(ScanError::NoTable(t.full(Path::new("")))),
     };
     Ok(after_position(all, after))
@@ -384,20 +384,63 @@ const AVRO_FILE_MAGIC: &[u8] = b"Obj\x01";
 /// A completed commit's metadata, from JSON (0.x) or an Avro data file (1.x), as JSON.
 fn hudi_commit_metadata(t: &dyn Tree, path: &Path) -> Result<Value, ScanError> {
     let bytes = t.read(path)?;
+    commit_metadata_of(&bytes).map_err(|e| corrupt(t, path, e))
+}
+
+fn commit_metadata_of(bytes: &[u8]) -> Result<Value, String> {
     if !bytes.starts_with(AVRO_FILE_MAGIC) {
-        return serde_json::from_slice(&bytes)
-            .map_err(|e| corrupt(t, path, format!("neither an Avro data file nor JSON: {e}")));
+        return serde_json::from_slice(bytes)
+            .map_err(|e| format!("neither an Avro data file nor JSON: {e}"));
     }
-    let avro = |e: apache_avro::Error| corrupt(t, path, format!("Avro data file: {e}"));
-    let record = apache_avro::Reader::new(&bytes[..])
+    let avro = |e: apache_avro::Error| format!("Avro data file: {e}");
+    let record = apache_avro::Reader::new(bytes)
         .map_err(avro)?
         .next()
-        .ok_or_else(|| corrupt(t, path, "an Avro data file without a record"))?
+        .ok_or("an Avro data file without a record")?
         .map_err(avro)?;
     Value::try_from(record).map_err(avro)
 }
 
-fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
+/// The snapshot of one completed instant, `metadata` its commit metadata (none
+/// for a clean or a rollback, whose metadata names no written partitions).
+fn hudi_snapshot(instant: &str, action: &str, metadata: Option<&Value>) -> Option<Snapshot> {
+    let (sequence, commit_ms) = crate::normalize::hudi_instant(instant).ok()?;
+    let mut partitions: Vec<String> = metadata
+        .and_then(|m| m.get("partitionToWriteStats"))
+        .and_then(Value::as_object)
+        .map(|m| m.keys().filter(|k| !k.is_empty()).cloned().collect())
+        .unwrap_or_default();
+    partitions.sort();
+    let operation_type = metadata
+        .and_then(|m| m.get("operationType"))
+        .and_then(Value::as_str);
+    let mut attributes = vec![("hudi.action".into(), action.to_owned())];
+    if let Some(op) = operation_type {
+        attributes.push(("hudi.operation_type".into(), op.to_owned()));
+    }
+    Some(Snapshot {
+        snapshot_id: sequence,
+        sequence,
+        commit_time_ms: commit_ms,
+        operation: crate::normalize::hudi_operation(Some(action), operation_type),
+        watermark_ms: None,
+        schema_id: None,
+        partitions,
+        manifest_list: None,
+        attributes,
+    })
+}
+
+/// Whether an action's completed metadata names the partitions it wrote.
+fn hudi_writes(action: &str) -> bool {
+    action != "clean" && action != "rollback"
+}
+
+/// Completed instants after `after` (all with none), from the active timeline and,
+/// in layout 2, from the archived one: Hudi 1.x moves old instants out of
+/// `.hoodie/timeline` into the LSM timeline's Parquet files under `history/`,
+/// so a poller that was down while they were archived still finds them there.
+fn hudi(t: &dyn Tree, after: Option<i64>) -> Result<Vec<Snapshot>, ScanError> {
     let hoodie = PathBuf::from(".hoodie");
     let v2 = hoodie.join(sluice_kit::hudi::LAYOUT2_DIR);
     let (dir, layout2) = if t.is_dir(&v2) {
@@ -405,6 +448,7 @@ fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
     } else {
         (hoodie.clone(), false)
     };
+    let newer = |sequence: i64| after.is_none_or(|a| sequence > a);
     let mut out = Vec::new();
     for name in t.list(&dir)? {
         let Some((instant, action)) = sluice_kit::hudi::completed_instant(&name, layout2) else {
@@ -413,46 +457,142 @@ fn hudi(t: &dyn Tree) -> Result<Vec<Snapshot>, ScanError> {
         if !HUDI_ACTIONS.contains(&action) {
             continue;
         }
-        let Ok((sequence, commit_ms)) = crate::normalize::hudi_instant(instant) else {
+        let Ok((sequence, _)) = crate::normalize::hudi_instant(instant) else {
             continue;
         };
-        let path = dir.join(&name);
-        let (operation_type, partitions) = if action == "clean" || action == "rollback" {
-            (None, Vec::new())
-        } else {
-            let meta = hudi_commit_metadata(t, &path)?;
-            let mut partitions: Vec<String> = meta
-                .get("partitionToWriteStats")
-                .and_then(Value::as_object)
-                .map(|m| m.keys().filter(|k| !k.is_empty()).cloned().collect())
-                .unwrap_or_default();
-            partitions.sort();
-            let op = meta
-                .get("operationType")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            (op, partitions)
-        };
-        let mut attributes = vec![("hudi.action".into(), action.to_owned())];
-        if let Some(op) = &operation_type {
-            attributes.push(("hudi.operation_type".into(), op.clone()));
+        if !newer(sequence) {
+            continue; // read only what is new: the metadata of every instant, every poll, is not
         }
-        out.push(Snapshot {
-            snapshot_id: sequence,
-            sequence,
-            commit_time_ms: commit_ms,
-            operation: crate::normalize::hudi_operation(Some(action), operation_type.as_deref()),
-            watermark_ms: None,
-            schema_id: None,
-            partitions,
-            manifest_list: None,
-            attributes,
-        });
+        let meta = if hudi_writes(action) {
+            Some(hudi_commit_metadata(t, &dir.join(&name))?)
+        } else {
+            None
+        };
+        out.extend(hudi_snapshot(instant, action, meta.as_ref()));
     }
     if out.is_empty() && !t.exists(&hoodie.join("hoodie.properties")) {
         return Err(ScanError::NoTable(hoodie));
     }
+    if layout2 {
+        let active: std::collections::BTreeSet<i64> = out.iter().map(|s| s.sequence).collect();
+        let archived = hudi_archived(t, &dir.join(hudi_history_dir(t)), after)?;
+        out.extend(
+            archived
+                .into_iter()
+                .filter(|s| !active.contains(&s.sequence)),
+        );
+        out.sort_by_key(|s| s.sequence);
+    }
     Ok(out)
+}
+
+/// The archived timeline's directory under `.hoodie/timeline`
+/// (`hoodie.timeline.history.path`, `history` unless the table says otherwise).
+fn hudi_history_dir(t: &dyn Tree) -> String {
+    let props = t
+        .read(Path::new(".hoodie/hoodie.properties"))
+        .unwrap_or_default();
+    String::from_utf8_lossy(&props)
+        .lines()
+        .find_map(|l| l.strip_prefix("hoodie.timeline.history.path="))
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && !p.contains(".."))
+        .unwrap_or("history")
+        .to_owned()
+}
+
+/// Hudi 1.x's LSM timeline: `_version_` names the manifest in force
+/// (`manifest_<version>`, JSON: the Parquet files that make up the archive now —
+/// files merged into a higher level are dropped from it), each file
+/// `<min instant>_<max instant>_<level>.parquet` with one row per archived
+/// instant (`instantTime`, `completionTime`, `action`, `metadata`: the commit
+/// metadata as the active timeline held it). Files whose newest instant is not
+/// after `after` are not opened.
+fn hudi_archived(
+    t: &dyn Tree,
+    history: &Path,
+    after: Option<i64>,
+) -> Result<Vec<Snapshot>, ScanError> {
+    let version_file = history.join("_version_");
+    if !t.exists(&version_file) {
+        return Ok(Vec::new()); // nothing archived yet
+    }
+    let version = String::from_utf8_lossy(&t.read(&version_file)?)
+        .trim()
+        .to_owned();
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(corrupt(
+            t,
+            &version_file,
+            format!("not a version: {version:?}"),
+        ));
+    }
+    let manifest_path = history.join(format!("manifest_{version}"));
+    let manifest = read_json(t, &manifest_path)?;
+    let files = manifest["files"]
+        .as_array()
+        .ok_or_else(|| corrupt(t, &manifest_path, "no `files` list"))?;
+    let mut out = Vec::new();
+    for f in files {
+        let name = f["fileName"]
+            .as_str()
+            .ok_or_else(|| corrupt(t, &manifest_path, "a file without `fileName`"))?;
+        let newest = name
+            .split('_')
+            .nth(1)
+            .and_then(|max| crate::normalize::hudi_instant(max).ok())
+            .map(|(seq, _)| seq);
+        if newest.is_some_and(|n| after.is_some_and(|a| n <= a)) {
+            continue;
+        }
+        let path = history.join(name);
+        for (instant, action, metadata) in archived_rows(t, &path)? {
+            if !HUDI_ACTIONS.contains(&action.as_str()) {
+                continue;
+            }
+            let meta = match metadata.filter(|_| hudi_writes(&action)) {
+                Some(bytes) => Some(commit_metadata_of(&bytes).map_err(|e| {
+                    corrupt(t, &path, format!("instant {instant}'s metadata: {e}"))
+                })?),
+                None => None,
+            };
+            if let Some(s) = hudi_snapshot(&instant, &action, meta.as_ref())
+                && after.is_none_or(|a| s.sequence > a)
+            {
+                out.push(s);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One archived instant: `(instantTime, action, metadata)`.
+type ArchivedRow = (String, String, Option<Vec<u8>>);
+
+/// Every row of an archived timeline file.
+fn archived_rows(t: &dyn Tree, path: &Path) -> Result<Vec<ArchivedRow>, ScanError> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+    let bad = |e: parquet::errors::ParquetError| corrupt(t, path, format!("Parquet: {e}"));
+    let reader = SerializedFileReader::new(bytes::Bytes::from(t.read(path)?)).map_err(bad)?;
+    let mut rows = Vec::new();
+    for row in reader.get_row_iter(None).map_err(bad)? {
+        let row = row.map_err(bad)?;
+        let (mut instant, mut action, mut metadata) = (None, None, None);
+        for (name, field) in row.get_column_iter() {
+            match (name.as_str(), field) {
+                ("instantTime", Field::Str(s)) => instant = Some(s.clone()),
+                ("action", Field::Str(s)) => action = Some(s.clone()),
+                ("metadata", Field::Bytes(b)) => metadata = Some(b.data().to_vec()),
+                _ => {}
+            }
+        }
+        let (Some(instant), Some(action)) = (instant, action) else {
+            return Err(corrupt(t, path, "a row without instantTime or action"));
+        };
+        rows.push((instant, action, metadata));
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -463,6 +603,53 @@ mod tests {
         let d = std::env::temp_dir().join(format!("sluice-scan-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    /// A COPY_ON_WRITE table Hudi 1.0.2 wrote with Spark (ten upserts, a clean
+    /// after each, `hoodie.keep.min.commits` 3 / `max` 4): its oldest instants
+    /// are in the archived timeline's Parquet files, the rest active.
+    #[test]
+    fn hudi_archived_instants_are_read_from_the_lsm_history() {
+        let t = LocalTree(PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/hudi-1.0.2-archived"
+        )));
+        let all = scan(TableFormat::Hudi, &t, None).expect("scan");
+        let data: Vec<&Snapshot> = all
+            .iter()
+            .filter(|s| s.operation == Operation::Append)
+            .collect();
+        let active = t
+            .list(Path::new(".hoodie/timeline"))
+            .expect("list")
+            .iter()
+            .filter(|n| n.ends_with(".commit"))
+            .count();
+        assert_eq!(active, 4, "the fixture keeps four commits active");
+        assert_eq!(data.len(), 10, "ten upserts, six of them archived");
+        let seqs: Vec<i64> = all.iter().map(|s| s.sequence).collect();
+        let mut sorted = seqs.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(seqs, sorted, "in order, each instant once");
+        assert!(
+            data.iter().all(|s| s.partitions.len() == 1
+                && s.attributes
+                    .iter()
+                    .any(|(k, v)| k == "hudi.operation_type" && v == "UPSERT")),
+            "archived commits carry their partitions and operation: {data:?}"
+        );
+        assert!(all.iter().any(|s| s.operation == Operation::Clean));
+        // Resuming after the 5th upsert (archived): the five after it, once each.
+        let fifth = data[4].sequence;
+        let rest = scan(TableFormat::Hudi, &t, Some(fifth)).expect("scan");
+        let rest: Vec<i64> = rest
+            .iter()
+            .filter(|s| s.operation == Operation::Append)
+            .map(|s| s.sequence)
+            .collect();
+        let want: Vec<i64> = data[5..].iter().map(|s| s.sequence).collect();
+        assert_eq!(rest, want);
     }
 
     #[test]
