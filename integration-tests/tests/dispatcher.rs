@@ -1650,6 +1650,7 @@ async fn a_job_that_moved_after_its_claim_is_not_sent() {
         look_every: Duration::from_secs(1),
         fault: sluice_dispatcher::dispatch::Fault::None,
         outcomes: Default::default(),
+        checks: Default::default(),
     };
     d.send(target.clone(), moved.clone()).await;
     d.send(target, kept.clone()).await;

@@ -35,6 +35,16 @@ struct Ingester {
     admin: String,
 }
 
+/// A child process killed when the test ends, passed or failed.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for Ingester {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -742,15 +752,17 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
     }
     // The state-updater folds what the ingester emits (as in production).
     let folder_admin = format!("127.0.0.1:{}", free_port());
-    let mut folder = Command::new(service_binary("sluice-state-updater"))
-        .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
-        .env("SLUICE_TOPIC_PREFIX", &names.prefix)
-        .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
-        .env("SLUICE_ADMIN_ADDR", &folder_admin)
-        .env("SLUICE_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn state-updater");
+    let folder = Reaped(
+        Command::new(service_binary("sluice-state-updater"))
+            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+            .env("SLUICE_TOPIC_PREFIX", &names.prefix)
+            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+            .env("SLUICE_ADMIN_ADDR", &folder_admin)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn state-updater"),
+    );
     let env = [("SLUICE_POLL_TABLES", tables.as_str())];
     let ing = start(&names, "a", &env).await;
     // The newest Iceberg commit also arrives by push: one commit, two paths.
@@ -911,8 +923,7 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
     }
     println!("half-written snapshot-{next}: {errors:?}; polled once complete");
     drop(ing);
-    let _ = folder.kill();
-    let _ = folder.wait();
+    drop(folder);
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -1615,15 +1626,17 @@ async fn a_restarted_poller_finds_hudi_commits_archived_while_it_was_down() {
     let days = ["2024-12-01", "2024-12-02", "2024-12-03"];
     let first = write(&days[..2]);
     let folder_admin = format!("127.0.0.1:{}", free_port());
-    let mut folder = Command::new(service_binary("sluice-state-updater"))
-        .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
-        .env("SLUICE_TOPIC_PREFIX", &names.prefix)
-        .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
-        .env("SLUICE_ADMIN_ADDR", &folder_admin)
-        .env("SLUICE_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn state-updater");
+    let folder = Reaped(
+        Command::new(service_binary("sluice-state-updater"))
+            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+            .env("SLUICE_TOPIC_PREFIX", &names.prefix)
+            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+            .env("SLUICE_ADMIN_ADDR", &folder_admin)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn state-updater"),
+    );
     let tables = json!([{"asset": ASSET, "format": "hudi", "path": path,
         "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
     .to_string();
@@ -1693,8 +1706,7 @@ async fn a_restarted_poller_finds_hudi_commits_archived_while_it_was_down() {
         "no event emitted twice: {by_id:?}"
     );
     drop(ing);
-    let _ = folder.kill();
-    let _ = folder.wait();
+    drop(folder);
     let _ = std::fs::remove_dir_all(&root);
 }
 

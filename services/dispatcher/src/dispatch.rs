@@ -12,6 +12,7 @@ use sqlx::PgPool;
 use tokio::task::JoinSet;
 
 use crate::adapters::Adapters;
+use crate::group::{Group, Keyed};
 use crate::lifecycle::{self, Observed, Status, Transition};
 use crate::metrics as m;
 use crate::store::{self, ClaimLimits, Claimed, Expect};
@@ -41,139 +42,55 @@ pub struct Dispatcher {
     /// How often a followed run or an UNKNOWN job is looked at.
     pub look_every: Duration,
     pub fault: Fault,
-    /// Outcomes waiting to be recorded together.
-    pub outcomes: Outcomes,
+    /// Transitions waiting to be recorded together.
+    pub outcomes: Group<Outcome>,
+    /// Pre-send checks waiting to be made together.
+    pub checks: Group<Check>,
 }
 
-/// Group commit of the jobs' transitions: while one statement records a batch,
-/// the outcomes that arrive meanwhile wait and go in the next, so a busy
-/// dispatcher pays one round trip and one commit for many jobs, an idle one
-/// nothing more than before (one statement per job was what bounded dispatch).
-#[derive(Default)]
-pub struct Outcomes {
-    queue: std::sync::Mutex<Queue>,
-}
+/// The most transitions one statement records.
+const RECORD_BATCH: usize = 500;
+/// The most pre-send checks one statement makes.
+const CHECK_BATCH: usize = 1_000;
 
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<Outcome>,
-    /// A caller is recording batches: new outcomes only wait for it.
-    recording: bool,
-}
-
-struct Outcome {
+/// A transition to record, from its guard.
+pub struct Outcome {
     trigger_key: String,
     revision: i64,
     status: Status,
     owner: Option<(String, i64)>,
     transition: Transition,
     follow_for: Duration,
-    /// Whether the transition won, or why it could not be recorded.
-    done: tokio::sync::oneshot::Sender<Result<bool, String>>,
 }
 
-/// The most transitions one statement records.
-const RECORD_BATCH: usize = 500;
-
-impl Outcomes {
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Records `t` from `from` with the outcomes that wait beside it; returns
-    /// whether it won its guard. The first caller to find nobody recording
-    /// records every batch until none waits.
-    async fn record(
-        &self,
-        pool: &PgPool,
-        from: &Expect<'_>,
-        t: &Transition,
-        follow_for: Duration,
-        epoch: i64,
-    ) -> Result<bool, String> {
-        if *t == Transition::Stay {
-            return Ok(true); // nothing to record, nothing to wait for
-        }
-        let (done, result) = tokio::sync::oneshot::channel();
-        let lead = {
-            let mut q = self.queue();
-            q.waiting.push(Outcome {
-                trigger_key: from.trigger_key.to_owned(),
-                revision: from.revision,
-                status: from.status,
-                owner: from.owner.map(|(inv, e)| (inv.to_owned(), e)),
-                transition: t.clone(),
-                follow_for,
-                done,
-            });
-            !std::mem::replace(&mut q.recording, true)
-        };
-        if lead {
-            // Cancelled mid-way, the leader hands the role on: the next caller leads.
-            let mut handover = Handover {
-                outcomes: self,
-                done: false,
-            };
-            while let Some(batch) = self.next_batch() {
-                let rows: Vec<_> = batch
-                    .iter()
-                    .map(|o| {
-                        let from = Expect {
-                            trigger_key: &o.trigger_key,
-                            revision: o.revision,
-                            status: o.status,
-                            owner: o.owner.as_ref().map(|(inv, e)| (inv.as_str(), *e)),
-                        };
-                        (from, &o.transition, o.follow_for)
-                    })
-                    .collect();
-                let outcome = store::transitions(pool, &rows, epoch).await;
-                drop(rows);
-                metrics::histogram!(m::TRANSITIONS_PER_STATEMENT).record(batch.len() as f64);
-                for (i, o) in batch.into_iter().enumerate() {
-                    let _ = o.done.send(match &outcome {
-                        Ok(won) => Ok(won[i]),
-                        Err(e) => Err(e.to_string()),
-                    });
-                }
-            }
-            handover.done = true;
-        }
-        result
-            .await
-            .unwrap_or_else(|_| Err("the recording caller went away".into()))
-    }
-
-    /// The next batch: distinct jobs, oldest first; `None` ends the lead.
-    fn next_batch(&self) -> Option<Vec<Outcome>> {
-        let mut q = self.queue();
-        if q.waiting.is_empty() {
-            q.recording = false;
-            return None;
-        }
-        let mut keys = std::collections::HashSet::new();
-        let end = q
-            .waiting
-            .iter()
-            .take(RECORD_BATCH)
-            .position(|o| !keys.insert(o.trigger_key.clone()))
-            .unwrap_or(q.waiting.len().min(RECORD_BATCH));
-        Some(q.waiting.drain(..end).collect())
+impl Keyed for Outcome {
+    fn key(&self) -> &str {
+        &self.trigger_key
     }
 }
 
-/// Gives up the recording role if its holder is dropped before it is done (a
-/// cancelled send): its waiters see their outcome gone, retry, and one leads.
-struct Handover<'a> {
-    outcomes: &'a Outcomes,
-    done: bool,
+impl Default for Group<Outcome> {
+    fn default() -> Self {
+        Group::new(RECORD_BATCH)
+    }
 }
 
-impl Drop for Handover<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.outcomes.queue().recording = false;
-        }
+/// A claimed invocation to check before its send.
+pub struct Check {
+    trigger_key: String,
+    revision: i64,
+    invocation_id: String,
+}
+
+impl Keyed for Check {
+    fn key(&self) -> &str {
+        &self.trigger_key
+    }
+}
+
+impl Default for Group<Check> {
+    fn default() -> Self {
+        Group::new(CHECK_BATCH)
     }
 }
 
@@ -355,12 +272,12 @@ impl Dispatcher {
     /// pre-send check); a job whose check cannot be made is left RUNNING for the
     /// deadline sweep and the reconcile, never sent blind.
     pub async fn send(&self, target: Target, job: Claimed) {
-        let mut checked = store::still_claimed(&self.pool, &job, self.epoch).await;
+        let mut checked = self.still_claimed(&job).await;
         let mut delay = Duration::from_millis(100);
         while checked.is_err() && delay <= Duration::from_secs(2) {
             tokio::time::sleep(delay).await;
             delay *= 2;
-            checked = store::still_claimed(&self.pool, &job, self.epoch).await;
+            checked = self.still_claimed(&job).await;
         }
         match checked {
             Ok(true) => {}
@@ -401,16 +318,76 @@ impl Dispatcher {
         self.apply(&from, &t, &target).await;
     }
 
+    /// Records `t` from `from` with the transitions that wait beside it (one
+    /// statement); returns whether it won its guard.
+    async fn record(
+        &self,
+        from: &Expect<'_>,
+        t: &Transition,
+        follow_for: Duration,
+    ) -> Result<bool, String> {
+        if *t == Transition::Stay {
+            return Ok(true); // nothing to record, nothing to wait for
+        }
+        let outcome = Outcome {
+            trigger_key: from.trigger_key.to_owned(),
+            revision: from.revision,
+            status: from.status,
+            owner: from.owner.map(|(inv, e)| (inv.to_owned(), e)),
+            transition: t.clone(),
+            follow_for,
+        };
+        let (pool, epoch) = (&self.pool, self.epoch);
+        self.outcomes
+            .submit(outcome, |batch: Vec<Outcome>| async move {
+                let rows: Vec<_> = batch
+                    .iter()
+                    .map(|o| {
+                        let from = Expect {
+                            trigger_key: &o.trigger_key,
+                            revision: o.revision,
+                            status: o.status,
+                            owner: o.owner.as_ref().map(|(inv, e)| (inv.as_str(), *e)),
+                        };
+                        (from, &o.transition, o.follow_for)
+                    })
+                    .collect();
+                metrics::histogram!(m::TRANSITIONS_PER_STATEMENT).record(batch.len() as f64);
+                store::transitions(pool, &rows, epoch)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await
+    }
+
+    /// Whether the durable record still names this invocation, checked with the
+    /// sends that wait beside it (one statement for a claim's burst of sends).
+    async fn still_claimed(&self, job: &Claimed) -> Result<bool, String> {
+        let check = Check {
+            trigger_key: job.trigger_key.clone(),
+            revision: job.revision,
+            invocation_id: job.invocation_id.clone(),
+        };
+        let (pool, epoch) = (&self.pool, self.epoch);
+        self.checks
+            .submit(check, |batch: Vec<Check>| async move {
+                let jobs: Vec<_> = batch
+                    .iter()
+                    .map(|c| (c.trigger_key.as_str(), c.revision, c.invocation_id.as_str()))
+                    .collect();
+                store::still_claimed(pool, &jobs, epoch)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await
+    }
+
     /// Applies a transition, retrying while PostgreSQL is away; a lost
     /// compare-and-set means another path (a sweep, a peer) settled the job first.
     async fn apply(&self, from: &Expect<'_>, t: &Transition, target: &Target) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         for _ in 0..20 {
-            match self
-                .outcomes
-                .record(&self.pool, from, t, target.timing.run_timeout, self.epoch)
-                .await
-            {
+            match self.record(from, t, target.timing.run_timeout).await {
                 Ok(true) => return,
                 Ok(false) => {
                     metrics::counter!(m::TRANSITIONS_LOST_TOTAL).increment(1);
@@ -488,56 +465,5 @@ impl Dispatcher {
             self.apply(&from, &t, &target).await;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn waiting(outcomes: &Outcomes, key: &str) {
-        let (done, _) = tokio::sync::oneshot::channel();
-        outcomes.queue().waiting.push(Outcome {
-            trigger_key: key.into(),
-            revision: 1,
-            status: Status::Running,
-            owner: None,
-            transition: Transition::Stay,
-            follow_for: Duration::ZERO,
-            done,
-        });
-    }
-
-    fn keys(batch: Option<Vec<Outcome>>) -> Vec<String> {
-        batch
-            .unwrap_or_default()
-            .into_iter()
-            .map(|o| o.trigger_key)
-            .collect()
-    }
-
-    /// One statement matches a row by one guard only: a job's second outcome
-    /// waits for the next batch, in order.
-    #[test]
-    fn a_batch_holds_each_job_once_and_keeps_the_order() {
-        let outcomes = Outcomes::default();
-        for k in ["a", "b", "a", "c"] {
-            waiting(&outcomes, k);
-        }
-        outcomes.queue().recording = true;
-        assert_eq!(keys(outcomes.next_batch()), ["a", "b"]);
-        assert_eq!(keys(outcomes.next_batch()), ["a", "c"]);
-        assert!(outcomes.next_batch().is_none());
-        assert!(!outcomes.queue().recording, "an empty queue ends the lead");
-    }
-
-    #[test]
-    fn a_batch_is_at_most_a_statement_long() {
-        let outcomes = Outcomes::default();
-        for k in 0..RECORD_BATCH + 3 {
-            waiting(&outcomes, &k.to_string());
-        }
-        assert_eq!(keys(outcomes.next_batch()).len(), RECORD_BATCH);
-        assert_eq!(keys(outcomes.next_batch()).len(), 3);
     }
 }

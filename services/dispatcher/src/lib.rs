@@ -9,6 +9,7 @@
 pub mod adapters;
 pub mod command;
 pub mod dispatch;
+pub mod group;
 pub mod intake;
 pub mod lifecycle;
 pub mod metrics;
@@ -302,6 +303,7 @@ pub async fn run(options: Options, shutdown: Shutdown) -> Result<(), Error> {
         look_every: options.look_every,
         fault: options.fault,
         outcomes: Default::default(),
+        checks: Default::default(),
     });
     let publisher = publish::Publisher {
         pool: pool.clone(),

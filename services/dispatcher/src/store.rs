@@ -303,22 +303,36 @@ WHERE j.backfill_id = b.backfill_id AND b.cancelled_at IS NOT NULL AND j.status 
     Ok(done.rows_affected())
 }
 
-/// The pre-send check of the Doris dispatcher design: right before the send, the
-/// durable record still says this invocation of this epoch owns the job at the
-/// revision its claim gave it. A sweep, an operator's settle or a peer's lease
-/// that moved the job meanwhile makes the send not happen.
-pub async fn still_claimed(pool: &PgPool, job: &Claimed, epoch: i64) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
+/// Of `(trigger key, revision, invocation)` claims, which the durable record
+/// still names (RUNNING under this invocation and `epoch`): one statement for a
+/// batch, an answer per claim in order.
+pub async fn still_claimed(
+    pool: &PgPool,
+    jobs: &[(&str, i64, &str)],
+    epoch: i64,
+) -> sqlx::Result<Vec<bool>> {
+    let keys: Vec<&str> = jobs.iter().map(|j| j.0).collect();
+    let revisions: Vec<i64> = jobs.iter().map(|j| j.1).collect();
+    let invocations: Vec<&str> = jobs.iter().map(|j| j.2).collect();
+    let held: Vec<i64> = sqlx::query_scalar(
         r#"
-SELECT EXISTS (SELECT 1 FROM jobs WHERE trigger_key = $1 AND revision = $2 AND status = 'RUNNING'
-                                     AND invocation_id = $3 AND epoch = $4)"#,
+SELECT k.i FROM unnest($1::text[], $2::bigint[], $3::text[]) WITH ORDINALITY AS k(key, rev, inv, i)
+WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.trigger_key = k.key AND j.revision = k.rev
+                AND j.status = 'RUNNING' AND j.invocation_id = k.inv AND j.epoch = $4)"#,
     )
-    .bind(&job.trigger_key)
-    .bind(job.revision)
-    .bind(&job.invocation_id)
+    .bind(&keys)
+    .bind(&revisions)
+    .bind(&invocations)
     .bind(epoch)
-    .fetch_one(pool)
-    .await
+    .fetch_all(pool)
+    .await?;
+    let mut out = vec![false; jobs.len()];
+    for i in held {
+        if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| out.get_mut(i)) {
+            *slot = true;
+        }
+    }
+    Ok(out)
 }
 
 fn millis(d: Duration) -> i64 {
