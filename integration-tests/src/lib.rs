@@ -138,6 +138,41 @@ pub fn venv_script(venv: &str, script: &str, args: &[String]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Writes a Hudi table with Hudi's own Spark writer
+/// (`integration-tests/lake/hudi_spark.py`), one upsert per element of `writes`
+/// (comma-separated `dt` partitions), named after the table's directory; `env`
+/// as the script reads it (`HUDI_CALLBACK_URL`, `HUDI_WRITE_OPTIONS`). Returns
+/// the writer's line per commit (`requested`, `completed`, `action`, `partitions`).
+pub async fn hudi_spark_write(
+    table: &std::path::Path,
+    table_type: &str,
+    writes: &[&str],
+    env: &[(&str, String)],
+) -> Vec<serde_json::Value> {
+    let name = table.file_name().expect("table dir").to_string_lossy();
+    let out = tokio::process::Command::new(venv_bin("spark", "python"))
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/hudi_spark.py"))
+        .arg(hudi_bundle())
+        .arg(table)
+        .args([&*name, table_type])
+        .args(writes)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .await
+        .expect("run hudi_spark.py");
+    assert!(
+        out.status.success(),
+        "hudi_spark.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The JVM shares the script's stdout (Hudi's JOL prints warnings there).
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("writer line"))
+        .collect()
+}
+
 /// Hudi's Spark bundle jar (`compose/lib.sh ensure_spark` resolves it).
 pub fn hudi_bundle() -> PathBuf {
     let jar = std::env::var_os("SLUICE_TEST_HUDI_BUNDLE")

@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use sluice_core::{AssetEvent, AssetKey, EventId, EventKind, EventSource, Operation, TableFormat};
 use sluice_integration_tests::registry::StandIn;
 use sluice_integration_tests::{
-    ReadRecord, bootstrap, create_topic, free_port, fresh_topics, hudi_bundle, kafka, lake_script,
-    read_records, service_binary, unique, venv_bin, venv_script,
+    ReadRecord, bootstrap, create_topic, free_port, fresh_topics, hudi_spark_write, kafka,
+    lake_script, read_records, service_binary, unique, venv_bin,
 };
 use sluice_kit::topics::{Topic, TopicNames};
 use sluice_kit::wire::StateRecord;
@@ -33,6 +33,22 @@ struct Ingester {
     child: Child,
     http: String,
     admin: String,
+}
+
+/// A state-updater folding what the ingester emits (as in production), and its
+/// admin address.
+fn state_updater(names: &TopicNames) -> (Reaped, String) {
+    let admin = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(service_binary("sluice-state-updater"))
+        .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
+        .env("SLUICE_TOPIC_PREFIX", &names.prefix)
+        .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
+        .env("SLUICE_ADMIN_ADDR", &admin)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn state-updater");
+    (Reaped(child), admin)
 }
 
 /// A child process killed when the test ends, passed or failed.
@@ -751,18 +767,7 @@ async fn pollers_on_real_tables_fold_with_push_once_and_resume_without_re_emitti
         }
     }
     // The state-updater folds what the ingester emits (as in production).
-    let folder_admin = format!("127.0.0.1:{}", free_port());
-    let folder = Reaped(
-        Command::new(service_binary("sluice-state-updater"))
-            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
-            .env("SLUICE_TOPIC_PREFIX", &names.prefix)
-            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
-            .env("SLUICE_ADMIN_ADDR", &folder_admin)
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn state-updater"),
-    );
+    let (folder, folder_admin) = state_updater(&names);
     let env = [("SLUICE_POLL_TABLES", tables.as_str())];
     let ing = start(&names, "a", &env).await;
     // The newest Iceberg commit also arrives by push: one commit, two paths.
@@ -1515,17 +1520,13 @@ async fn hudi_written_by_spark_is_polled_with_its_partitions() {
     ] {
         let name = asset.rsplit('.').next().expect("name");
         let path = root.join(name);
-        let args = [hudi_bundle(), path.clone()]
-            .iter()
-            .map(|p| p.display().to_string())
-            .chain([name, table_type, "2024-12-01", "2024-12-02,2024-12-03"].map(String::from))
-            .collect::<Vec<_>>();
-        // The JVM shares the script's stdout (Hudi's JOL prints warnings there).
-        let writes: Vec<Value> = venv_script("spark", "hudi_spark.py", &args)
-            .lines()
-            .filter(|l| l.starts_with('{'))
-            .map(|l| serde_json::from_str(l).expect("writer output"))
-            .collect();
+        let writes = hudi_spark_write(
+            &path,
+            table_type,
+            &["2024-12-01", "2024-12-02,2024-12-03"],
+            &[],
+        )
+        .await;
         assert_eq!(writes.len(), 2, "{writes:?}");
         tables.push(json!({"asset": asset, "format": "hudi", "path": path,
             "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}));
@@ -1595,48 +1596,23 @@ async fn a_restarted_poller_finds_hudi_commits_archived_while_it_was_down() {
     let root = std::env::temp_dir().join(unique("ha"));
     let path = root.join("ledger");
     // Archive early: keep 3–4 commits active, clean after every commit.
-    let write = |days: &[&str]| -> Vec<i64> {
-        let out = Command::new(venv_bin("spark", "python"))
-            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/hudi_spark.py"))
-            .arg(hudi_bundle())
-            .arg(&path)
-            .args(["ledger", "COPY_ON_WRITE"])
-            .args(days)
-            .env(
-                "HUDI_WRITE_OPTIONS",
-                "hoodie.keep.min.commits=3,hoodie.keep.max.commits=4,\
-                 hoodie.cleaner.commits.retained=2,hoodie.metadata.enable=false",
-            )
-            .output()
-            .expect("run hudi_spark.py");
-        assert!(
-            out.status.success(),
-            "hudi_spark.py: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.starts_with('{'))
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).expect("writer line");
-                v["requested"].as_i64().expect("requested")
-            })
-            .collect()
+    let write = async |days: &[&str]| -> Vec<i64> {
+        let options = "hoodie.keep.min.commits=3,hoodie.keep.max.commits=4,\
+                       hoodie.cleaner.commits.retained=2,hoodie.metadata.enable=false";
+        hudi_spark_write(
+            &path,
+            "COPY_ON_WRITE",
+            days,
+            &[("HUDI_WRITE_OPTIONS", options.into())],
+        )
+        .await
+        .iter()
+        .map(|w| w["requested"].as_i64().expect("requested"))
+        .collect()
     };
     let days = ["2024-12-01", "2024-12-02", "2024-12-03"];
-    let first = write(&days[..2]);
-    let folder_admin = format!("127.0.0.1:{}", free_port());
-    let folder = Reaped(
-        Command::new(service_binary("sluice-state-updater"))
-            .env("SLUICE_KAFKA_BOOTSTRAP", bootstrap())
-            .env("SLUICE_TOPIC_PREFIX", &names.prefix)
-            .env("SLUICE_TOPIC_PARTITIONS", PARTITIONS.to_string())
-            .env("SLUICE_ADMIN_ADDR", &folder_admin)
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn state-updater"),
-    );
+    let first = write(&days[..2]).await;
+    let (folder, _) = state_updater(&names);
     let tables = json!([{"asset": ASSET, "format": "hudi", "path": path,
         "interval_ms": 300, "push_timeout_ms": 300, "start": "earliest"}])
     .to_string();
@@ -1665,7 +1641,7 @@ async fn a_restarted_poller_finds_hudi_commits_archived_while_it_was_down() {
     drop(ing);
 
     // Eight more commits while no poller runs; Hudi archives some of them.
-    let second = write(&days.repeat(3)[..8]);
+    let second = write(&days.repeat(3)[..8]).await;
     let active: Vec<i64> = std::fs::read_dir(path.join(".hoodie/timeline"))
         .expect("timeline")
         .filter_map(|e| {

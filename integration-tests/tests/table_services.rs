@@ -14,7 +14,9 @@ use serde_json::{Value, json};
 use sluice_integration_tests::api::tokens_file;
 use sluice_integration_tests::pipeline::{Pipeline, TOKEN};
 use sluice_integration_tests::spark::SparkCluster;
-use sluice_integration_tests::{http_get, hudi_bundle, service_binary, unique, venv_bin};
+use sluice_integration_tests::{
+    http_get, hudi_bundle, hudi_spark_write, service_binary, unique, venv_bin,
+};
 use sqlx::PgPool;
 
 const TABLE: &str = "lake.ods.orders";
@@ -60,28 +62,15 @@ fn compactions(table: &Path) -> Vec<(String, String)> {
 /// `callback`, Hudi's HTTP write-commit callback posts each to the ingester.
 /// Returns the writer's line per commit.
 async fn write(table: &Path, days: &[&str], callback: Option<String>) -> Vec<Value> {
-    let mut cmd = tokio::process::Command::new(venv_bin("spark", "python"));
-    let name = table.file_name().expect("table dir").to_string_lossy();
-    cmd.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lake/hudi_spark.py"))
-        .arg(hudi_bundle())
-        .arg(table)
-        .args([&*name, "MERGE_ON_READ"])
-        .args(days);
-    if let Some(url) = callback {
-        cmd.env("HUDI_CALLBACK_URL", url)
-            .env("HUDI_CALLBACK_KEY", TOKEN);
-    }
-    let out = cmd.output().await.expect("run hudi_spark.py");
-    assert!(
-        out.status.success(),
-        "hudi_spark.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).expect("writer line"))
-        .collect()
+    let env: Vec<(&str, String)> = callback
+        .map(|url| {
+            vec![
+                ("HUDI_CALLBACK_URL", url),
+                ("HUDI_CALLBACK_KEY", TOKEN.into()),
+            ]
+        })
+        .unwrap_or_default();
+    hudi_spark_write(table, "MERGE_ON_READ", days, &env).await
 }
 
 /// `(status, attempt, started_at ms)` of every job of `dependency`, oldest first.
