@@ -4,7 +4,8 @@
 //! asset-events and asset-state are co-partitioned (same key, same partition count,
 //! same partitioner), so asset-events partition p restores from asset-state
 //! partition p only: a restore reads just what the instance owns. Only the newest
-//! record of each key is decoded ([`NewestByKey`]).
+//! record of each key is decoded ([`NewestByKey`]), on every core once the read
+//! is done.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -40,7 +41,8 @@ pub fn restore(
         }
         Ok(())
     })?;
-    newest.for_each(|r| {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let states = newest.par_map(threads, |r| {
         let at = |source: BoxError| ChangelogError::Record {
             topic: topic.to_owned(),
             partition: r.partition,
@@ -59,10 +61,10 @@ pub fn restore(
                 key = %String::from_utf8_lossy(raw),
                 "asset-state record with an invalid key; skipped"
             );
-            return Ok(());
+            return Ok(None);
         };
         let Some(payload) = r.payload else {
-            return Ok(());
+            return Ok(None);
         };
         let decoded = codec.decode_state(payload).map_err(|e| at(e.into()))?;
         let (state, revision) = decoded.into_state().map_err(|e| at(e.into()))?;
@@ -76,11 +78,13 @@ pub fn restore(
                 asset = %state.asset_key,
                 "asset-state record keyed by another asset; skipped"
             );
-            return Ok(());
+            return Ok(None);
         }
-        out.insert(PackedState::pack(&state, revision, r.partition));
-        Ok(())
+        Ok(Some(PackedState::pack(&state, revision, r.partition)))
     })?;
+    for state in states {
+        out.insert(state);
+    }
     metrics::counter!(m::RESTORED_RECORDS_TOTAL).increment(records);
     metrics::histogram!(m::RESTORE_SECONDS).record(started.elapsed().as_secs_f64());
     Ok(out)
