@@ -4,10 +4,10 @@
 //! the topic → intake → trigger_history → claim → send to an in-process webhook →
 //! SUCCEEDED — beside the raw produce and consume rates of the same topic.
 //!
-//!   eval "$(compose/stack.sh env)"; cargo run --release -p sluice-integration-tests --bin bench-dispatcher -- [inserts] [dispatches]
+//!   eval "$(compose/stack.sh env)"; cargo run --release -p sluice-integration-tests --bin bench-dispatcher -- [inserts] [dispatches] [max_in_flight]
 //!
 //! Defaults: 20,000 batched inserts (batches of 500; 5,000 one by one) and 20,000
-//! dispatches through one dispatcher with max_in_flight 64.
+//! dispatches through one dispatcher with the webhook's max_in_flight 64.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -124,7 +124,7 @@ async fn inserts(n: usize) {
     );
 }
 
-async fn dispatches(n: usize) {
+async fn dispatches(n: usize, max_in_flight: usize) {
     let (url, pool) = dispatcher_database().await;
     let names = fresh_topics("bd", PARTITIONS, &sluice_dispatcher::ACCESS.topics()).await;
     let topic = names.name(Topic::Triggers);
@@ -177,7 +177,7 @@ async fn dispatches(n: usize) {
             "SLUICE_TARGETS",
             format!(
                 r#"[{{"kind": "webhook", "name": "bench", "url": "http://127.0.0.1:{port}/hook",
-                     "max_in_flight": 64, "max_per_round": 1000}}]"#
+                     "max_in_flight": {max_in_flight}, "max_per_round": 1000}}]"#
             ),
         ),
     ]
@@ -205,7 +205,7 @@ async fn dispatches(n: usize) {
     let sent = calls.load(Ordering::Relaxed);
     let rate = succeeded as f64 / secs;
     println!(
-        "dispatch end to end ({n} triggers on {PARTITIONS} partitions, one dispatcher, webhook max_in_flight 64):"
+        "dispatch end to end ({n} triggers on {PARTITIONS} partitions, one dispatcher, webhook max_in_flight {max_in_flight}):"
     );
     println!("  raw produce of the triggers:   {produced:>10.0} rec/s");
     println!("  raw read_committed consume:    {consumed:>10.0} rec/s");
@@ -227,6 +227,7 @@ async fn main() {
         .map(|a| a.parse::<usize>().expect("a count"));
     let n_inserts = args.next().unwrap_or(20_000);
     let n_dispatches = args.next().unwrap_or(20_000);
+    let max_in_flight = args.next().unwrap_or(64);
     inserts(n_inserts).await;
-    dispatches(n_dispatches).await;
+    dispatches(n_dispatches, max_in_flight).await;
 }
