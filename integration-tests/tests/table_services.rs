@@ -422,16 +422,21 @@ async fn log_compaction_clustering_and_clean_policies_run_on_a_spark_cluster() {
                 .collect::<Vec<_>>()
         }
     };
+    // A policy's one run SUCCEEDED, and its one instant completed on the timeline.
+    let ran_once = async |dep: &'static str, action: &str, what: &str| {
+        wait_for(&format!("the {what} SUCCEEDED"), &p, 300, || async {
+            statuses(dep).await == ["SUCCEEDED"]
+        })
+        .await;
+        let done = completed_services(&table, action);
+        assert_eq!(done.len(), 1, "one {what} on the timeline: {done:?}");
+        done
+    };
     let day = "2024-12-01";
 
     // Three deltacommits (an insert, two updates: two log blocks): log compaction is due.
     let w = write(&table, &[day; 3], None).await;
-    wait_for("the log compaction SUCCEEDED", &p, 300, || async {
-        statuses(LOG).await == ["SUCCEEDED"]
-    })
-    .await;
-    let lc = completed_services(&table, "logcompaction");
-    assert_eq!(lc.len(), 1, "one log compaction on the timeline: {lc:?}");
+    let lc = ran_once(LOG, "logcompaction", "log compaction").await;
     let third = instant_ms(&w[2]["completed"].as_i64().expect("completed").to_string());
     println!(
         "[spark] log compaction {} planned {} ms and completed {} ms after the 3rd deltacommit",
@@ -466,12 +471,7 @@ async fn log_compaction_clustering_and_clean_policies_run_on_a_spark_cluster() {
 
     // A 4th deltacommit: clustering is due (the log compaction did not reset it).
     write(&table, &[day], None).await;
-    wait_for("the clustering SUCCEEDED", &p, 300, || async {
-        statuses(CLUSTER).await == ["SUCCEEDED"]
-    })
-    .await;
-    let cl = completed_services(&table, "clustering");
-    assert_eq!(cl.len(), 1, "one clustering on the timeline: {cl:?}");
+    ran_once(CLUSTER, "clustering", "clustering").await;
     assert_eq!(
         statuses(LOG).await.len(),
         1,
@@ -502,12 +502,7 @@ async fn log_compaction_clustering_and_clean_policies_run_on_a_spark_cluster() {
 
     // A 5th: the clean is due and removes the file group clustering replaced.
     write(&table, &[day], None).await;
-    wait_for("the clean SUCCEEDED", &p, 300, || async {
-        statuses(CLEAN).await == ["SUCCEEDED"]
-    })
-    .await;
-    let cn = completed_services(&table, "clean");
-    assert_eq!(cn.len(), 1, "one clean on the timeline: {cn:?}");
+    ran_once(CLEAN, "clean", "clean").await;
     let after_clean = file_groups();
     println!("[spark] file groups before the clean {before_clean:?}, after {after_clean:?}");
     assert_eq!(after_clean.len(), 1, "the replaced file group removed");
