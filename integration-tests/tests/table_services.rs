@@ -101,6 +101,18 @@ async fn fired_sequences(pool: &PgPool, dependency: &str) -> Vec<i64> {
         .collect()
 }
 
+/// Applies `specs` through the CLI, as an operator would.
+fn apply(p: &Pipeline, root: &std::path::Path, specs: &serde_json::Value) {
+    let file = root.join("specs.json");
+    std::fs::write(&file, specs.to_string()).expect("specs");
+    let applied = p.cli(&["apply", &file.to_string_lossy()]);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+}
+
 async fn wait_for<F, Fut>(what: &str, p: &Pipeline, secs: u64, mut f: F)
 where
     F: FnMut() -> Fut,
@@ -169,14 +181,7 @@ async fn a_num_commits_policy_compacts_a_spark_written_table_once_through_a_disp
          "target": {"kind": "command", "name": "report"},
          "condition": {"input": {"asset": TABLE}}},
     ]);
-    let file = root.join("specs.json");
-    std::fs::write(&file, specs.to_string()).expect("specs");
-    let applied = p.cli(&["apply", &file.to_string_lossy()]);
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    apply(&p, &root, &specs);
     let pool = PgPool::connect(&p.database_url).await.expect("pool");
 
     // Five deltacommits, each posted by Hudi's callback (the poller sees them too).
@@ -403,14 +408,7 @@ async fn log_compaction_clustering_and_clean_policies_run_on_a_spark_cluster() {
         // Keep one commit: the file group clustering replaced goes at the next clean.
         policy(CLEAN, "clean", 5, "hoodie.cleaner.commits.retained=1"),
     ]);
-    let file = root.join("specs.json");
-    std::fs::write(&file, specs.to_string()).expect("specs");
-    let applied = p.cli(&["apply", &file.to_string_lossy()]);
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    apply(&p, &root, &specs);
     let pool = PgPool::connect(&p.database_url).await.expect("pool");
     let statuses = |dep: &'static str| {
         let pool = pool.clone();
