@@ -3,7 +3,7 @@
 # installing them if missing, and the lake writers into a venv), builds the four
 # services and the control plane's API and starts each as its own process, as in
 # production, then runs the GMV
-# cascade of the first seed on real Iceberg tables:
+# cascade of the DolphinScheduler RFC on real Iceberg tables:
 #
 #   ODS_order_latest + ODS_payment_latest ──ALL──► DWD_trade_event_fact ──► DWS_gmv_daily ──► ADS_gmv_dashboard
 #

@@ -1,4 +1,4 @@
-//! The GMV cascade of the first seed end to end, as the README's main job runs it
+//! The GMV cascade of the DolphinScheduler RFC end to end, as the README's main job runs it
 //! (`compose/gmv/`): the four services as processes over the real broker and
 //! PostgreSQL, real Iceberg tables written by pyiceberg, ODS orders pushed over
 //! HTTP and payments found by the poller, each layer a local-command target that

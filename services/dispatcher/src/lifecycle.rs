@@ -1,6 +1,7 @@
-//! The job lifecycle as pure decisions (seed 002): what a send's outcome, an
-//! observation of the target, or an expired deadline make of a job. The store
-//! carries these out with compare-and-set updates; nothing here does I/O.
+//! The job lifecycle as pure decisions (the Doris dispatcher design): what a
+//! send's outcome, an observation of the target, or an expired deadline make of
+//! a job. The store carries these out with compare-and-set updates; nothing
+//! here does I/O.
 //!
 //! ```text
 //! PENDING ──markRunning (durable before send)──► RUNNING ──result──► SUCCEEDED

@@ -5,13 +5,14 @@
 //!
 //! The position of a table is the newest sequence the asset-state topic holds for
 //! it (followed live, so a restart resumes where the fold is and re-emits no
-//! history), or what this poller emitted since, if newer. The seed's heartbeat
-//! rule: a table whose state has not advanced for `push_timeout_ms` is polled now;
-//! otherwise every `interval_ms`. A snapshot a poll emits that the state did not
-//! yet hold counts in `sluice_ingester_poll_emitted_total`; whether push had only
-//! lagged or missed it, the fold tells: the first copy of a commit to reach it is
-//! counted in `sluice_state_commits_first_seen_total` by source, so `source="poll"` is
-//! what a poll found first.
+//! history), or what this poller emitted since, if newer. The heartbeat rule of
+//! Hudi's table-service plan: a table whose state has not advanced for
+//! `push_timeout_ms` is polled now; otherwise every `interval_ms`. A snapshot a
+//! poll emits that the state did not yet hold counts in
+//! `sluice_ingester_poll_emitted_total`; whether push had only lagged or missed
+//! it, the fold tells: the first copy of a commit to reach it is counted in
+//! `sluice_state_commits_first_seen_total` by source, so `source="poll"` is what
+//! a poll found first.
 
 pub mod formats;
 pub mod iceberg;
