@@ -407,8 +407,9 @@ pub async fn create_topic(partitions: i32) -> String {
     name
 }
 
-/// Sum of the offsets `group` has committed on partitions `0..partitions` of `topic`;
-/// `Err` while the broker cannot answer (e.g. an unstable transactional commit).
+/// Sum of the offsets `group` has committed on partitions `0..partitions` of `topic`
+/// (its last committed transaction's; one still open is not counted); `Err` while the
+/// broker cannot answer.
 pub fn committed_total(
     group: &str,
     topic: &str,
@@ -416,7 +417,14 @@ pub fn committed_total(
 ) -> Result<i64, rdkafka::error::KafkaError> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
-    let c: BaseConsumer = kafka().consumer_config(&unique("probe"), group).create()?;
+    // Read uncommitted: librdkafka then asks without `require_stable`, so the broker
+    // answers at once with the last committed offsets instead of "unstable offset
+    // commit" for as long as a killed member's transaction stays open (a kill -9
+    // test waiting that out let the next incarnation finish the run unobserved).
+    let c: BaseConsumer = kafka()
+        .consumer_config(&unique("probe"), group)
+        .set("isolation.level", "read_uncommitted")
+        .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);

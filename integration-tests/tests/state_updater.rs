@@ -142,8 +142,8 @@ impl Run {
             .expect("spawn state-updater")
     }
 
-    /// Offsets the group has committed on asset-events. While a killed instance's
-    /// transaction is still open the broker answers "unstable offset commit": ask again.
+    /// Offsets the group has committed on asset-events (a killed instance's open
+    /// transaction not counted); asks again while the broker cannot answer.
     fn committed(&self) -> i64 {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
@@ -257,11 +257,9 @@ async fn exactly_once_fold_under_repeated_kill_9() {
         // Small transactions: a run of 10,000 events takes thousands of commits,
         // so a kill after a few lands mid-run however fast the machine is (with
         // 20 a transaction, one CI run's incarnations finished the workload
-        // between two reads of the committed count). Started before the count is
-        // read: it fences the killed one's open transaction, which would otherwise
-        // hold the count until the transaction times out.
-        let mut child = run.spawn_batched("0", BATCH);
+        // between two reads of the committed count).
         let before = run.committed();
+        let mut child = run.spawn_batched("0", BATCH);
         if before >= produced {
             kill9(&mut child);
             break;
@@ -281,8 +279,7 @@ async fn exactly_once_fold_under_repeated_kill_9() {
         kill9(&mut child);
         kills += 1;
     }
-    // What the last kill cut short (read before it: reading now would wait for its
-    // open transaction to time out).
+    // What the last kill cut short.
     let committed_before_final = seen;
     assert!(kills >= 4, "only {kills} kills happened");
     assert!(
