@@ -1884,3 +1884,117 @@ async fn a_backfill_backlog_never_starves_live_triggers_and_keeps_its_pace() {
         "the paced backfill's rest"
     );
 }
+
+/// Every insert and every change of a job's status or external id is one row of
+/// the outbox and of the run history, however many jobs a statement moves; a job
+/// that becomes FAILED or UNKNOWN is one notification event; a statement that
+/// changes neither, or matches no job, records nothing.
+#[tokio::test]
+async fn every_transition_is_recorded_once_however_many_jobs_a_statement_moves() {
+    let (_, pool) = dispatcher_database().await;
+    let triggers: Vec<_> = (1..=3).map(|n| new_trigger(n, "rec", None)).collect();
+    let keys: Vec<String> = triggers.iter().map(|t| t.trigger_key.clone()).collect();
+    sluice_dispatcher::store::record_triggers(&pool, &triggers)
+        .await
+        .expect("recorded");
+    let run = |sql: &'static str| {
+        let (pool, keys) = (pool.clone(), keys.clone());
+        async move {
+            sqlx::query(sql)
+                .bind(&keys)
+                .execute(&pool)
+                .await
+                .expect("statement")
+                .rows_affected()
+        }
+    };
+    // All three to RUNNING in one statement.
+    let moved = run("UPDATE jobs SET status = 'RUNNING', revision = revision + 1, \
+                     invocation_id = 'inv-' || trigger_key, epoch = 1, deadline_at = now() + interval '1 hour' \
+                     WHERE trigger_key = ANY($1)")
+    .await;
+    assert_eq!(moved, 3);
+    // The first one's run gets its external id: recorded, no new event.
+    run("UPDATE jobs SET external_id = 'run-1', revision = revision + 1 WHERE trigger_key = ($1::text[])[1]")
+        .await;
+    // A lease renewed on all three: neither status nor external id moves.
+    assert_eq!(
+        run("UPDATE jobs SET lease_until = now() WHERE trigger_key = ANY($1)").await,
+        3
+    );
+    // No job matched.
+    assert_eq!(
+        run("UPDATE jobs SET status = 'FAILED' WHERE trigger_key = ANY($1) AND status = 'PENDING'")
+            .await,
+        0
+    );
+    // Three ends in one statement.
+    run("UPDATE jobs SET status = CASE trigger_key WHEN ($1::text[])[1] THEN 'FAILED' \
+                                                 WHEN ($1::text[])[2] THEN 'UNKNOWN' ELSE 'SUCCEEDED' END, \
+                         revision = revision + 1, reason = 'ended' WHERE trigger_key = ANY($1)")
+        .await;
+
+    let expected = [
+        "1:PENDING",
+        "2:PENDING",
+        "3:PENDING",
+        "1:RUNNING",
+        "2:RUNNING",
+        "3:RUNNING",
+        "1:RUNNING(run-1)",
+        "1:FAILED(run-1)",
+        "2:UNKNOWN",
+        "3:SUCCEEDED",
+    ];
+    // One statement's rows may be numbered in any order; each job's are in order.
+    let by_statement = |mut rows: Vec<String>| {
+        for range in [0..3, 3..6, 7..10] {
+            rows[range].sort();
+        }
+        rows
+    };
+    for table in ["run_transitions", "job_transitions"] {
+        assert_eq!(
+            by_statement(recorded(&pool, table, &keys).await),
+            expected,
+            "{table}"
+        );
+    }
+    let events: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT event_key, kind, detail->>'external_id' FROM notification_events ORDER BY event_key",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("events");
+    let mut want = vec![
+        (
+            format!("run_failed:{}:3", keys[0]),
+            "run_failed".to_owned(),
+            Some("run-1".to_owned()),
+        ),
+        (
+            format!("job_unknown:{}:2", keys[1]),
+            "job_unknown".to_owned(),
+            None,
+        ),
+    ];
+    want.sort();
+    assert_eq!(events, want);
+}
+
+/// `table`'s transitions in id order as `n:STATUS(external id)`, `n` the job's
+/// place in `keys` from 1.
+async fn recorded(pool: &PgPool, table: &str, keys: &[String]) -> Vec<String> {
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT trigger_key, status, external_id FROM {table} ORDER BY id"
+    )))
+    .fetch_all(pool)
+    .await
+    .expect("history");
+    rows.into_iter()
+        .map(|(k, s, e)| {
+            let n = keys.iter().position(|key| *key == k).expect("a known job") + 1;
+            format!("{n}:{s}{}", e.map(|e| format!("({e})")).unwrap_or_default())
+        })
+        .collect()
+}
