@@ -1897,16 +1897,10 @@ async fn every_transition_is_recorded_once_however_many_jobs_a_statement_moves()
     sluice_dispatcher::store::record_triggers(&pool, &triggers)
         .await
         .expect("recorded");
-    let run = |sql: &'static str| {
-        let (pool, keys) = (pool.clone(), keys.clone());
-        async move {
-            sqlx::query(sql)
-                .bind(&keys)
-                .execute(&pool)
-                .await
-                .expect("statement")
-                .rows_affected()
-        }
+    // One statement over the three jobs' keys; how many rows it changed.
+    let run = async |sql: &'static str| {
+        let done = sqlx::query(sql).bind(&keys).execute(&pool).await;
+        done.expect("statement").rows_affected()
     };
     // All three to RUNNING in one statement.
     let moved = run("UPDATE jobs SET status = 'RUNNING', revision = revision + 1, \
@@ -1948,8 +1942,10 @@ async fn every_transition_is_recorded_once_however_many_jobs_a_statement_moves()
     ];
     // One statement's rows may be numbered in any order; each job's are in order.
     let by_statement = |mut rows: Vec<String>| {
-        for range in [0..3, 3..6, 7..10] {
-            rows[range].sort();
+        if rows.len() == expected.len() {
+            for range in [0..3, 3..6, 7..10] {
+                rows[range].sort();
+            }
         }
         rows
     };
