@@ -23,6 +23,10 @@ use sluice_kit::topics::Topic;
 use sluice_kit::wire::{TriggerInput, TriggerRecord, TriggerTarget, WireTargetKind};
 use sluice_kit::{Codec, SchemaName, Shutdown};
 
+// The dispatcher's own allocator, as its binary declares it.
+#[global_allocator]
+static ALLOCATOR: sluice_dispatcher::Allocator = sluice_dispatcher::Allocator {};
+
 const PARTITIONS: i32 = 4;
 const BATCH: usize = 500;
 

@@ -35,6 +35,13 @@ use sqlx::{ConnectOptions, PgPool};
 
 pub const SERVICE: &str = "dispatcher";
 
+/// The allocator a process running the dispatcher declares (`#[global_allocator]`).
+/// Each job allocates its document, its request and its statements' columns and
+/// frees them a few milliseconds later, on whichever thread: with glibc's malloc,
+/// allocating and freeing (arena locks, consolidation) was a third of the
+/// dispatcher's CPU at 10,000 jobs/s.
+pub type Allocator = mimalloc::MiMalloc;
+
 /// What it reads and writes on the broker (bootstrap and ACLs).
 pub const ACCESS: &sluice_kit::access::Access = &sluice_kit::access::DISPATCHER;
 

@@ -2,6 +2,9 @@
 
 use std::process::ExitCode;
 
+#[global_allocator]
+static ALLOCATOR: sluice_dispatcher::Allocator = sluice_dispatcher::Allocator {};
+
 fn main() -> ExitCode {
     // `unknown` / `settle`: the operator's commands for jobs the dispatcher cannot settle.
     let args: Vec<String> = std::env::args().skip(1).collect();
