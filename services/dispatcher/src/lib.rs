@@ -39,7 +39,9 @@ pub const SERVICE: &str = "dispatcher";
 /// Each job allocates its document, its request and its statements' columns and
 /// frees them a few milliseconds later, on whichever thread: with glibc's malloc,
 /// allocating and freeing (arena locks, consolidation) took ~30 % of
-/// bench-dispatcher's CPU samples at 2,000 jobs in flight.
+/// bench-dispatcher's CPU samples at 2,000 jobs in flight. The services that hold
+/// tables keep the system's allocator: with mimalloc the state-updater held 145
+/// bytes per asset (132) and the resolver's global table 210 (132).
 pub type Allocator = mimalloc::MiMalloc;
 
 /// What it reads and writes on the broker (bootstrap and ACLs).
